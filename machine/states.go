@@ -1,19 +1,19 @@
 // Package machine is the per-request state machine (looplab/fsm) and the
 // handoff runner that drives it through a route.
 //
-//	                 listen            share              prefill
-//	   received ──────────▶ listening ───────▶ shared ───────────▶ prefilled
-//	     │  │                   │                 │                 │   │
-//	     │  └──── prefill (file route) ───────────┼────────────────▶│   │
-//	     │                      │                 │           adopt │   │ restore
-//	     │ fallback             │ fallback        │ fallback        ▼   ▼
-//	     ├─────────────▶ fallback ◀───────────────┴──────── adopted   restored
-//	     │                 │                                   │         │
-//	     │ forward (plain) │ forward                   forward │ forward │
-//	     └────────────────▶ forwarding ◀───────────────────────┴─────────┘
-//	                         │      │
-//	                  finish ▼      ▼ fail
-//	                        done   failed
+//	              listen            share              prefill
+//	received ──────────▶ listening ───────▶ shared ───────────▶ prefilled
+//	  │  │                   │                 │                 │   │
+//	  │  └──── prefill (file route) ───────────┼────────────────▶│   │
+//	  │                      │                 │           adopt │   │ restore
+//	  │ fallback             │ fallback        │ fallback        ▼   ▼
+//	  ├─────────────▶ fallback ◀───────────────┴──────── adopted   restored
+//	  │                 │                                   │         │
+//	  │ forward (plain) │ forward                   forward │ forward │
+//	  └────────────────▶ forwarding ◀───────────────────────┴─────────┘
+//	                      │      │
+//	               finish ▼      ▼ fail
+//	                     done   failed
 package machine
 
 import "github.com/looplab/fsm"
