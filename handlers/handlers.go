@@ -1,0 +1,333 @@
+// Package handlers is onebitd's HTTP front: the completion entry points,
+// which run each request through its state machine and then forward it to
+// the decoder, and a verbatim reverse proxy for every other path.
+package handlers
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/onebitd/onebitd/decoder"
+	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/machine"
+	"github.com/onebitd/onebitd/slots"
+)
+
+// Response headers of every completion.
+const (
+	HeaderRoute     = "X-Onebit-Route"
+	HeaderRequestID = "X-Onebit-Request-Id"
+)
+
+// DefaultMaxBody caps a completion request body (413 above).
+const DefaultMaxBody = 32 << 20
+
+// Config wires the front to the rest of onebitd.
+type Config struct {
+	Decoder *decoder.Client
+	Pool    *slots.Pool
+	Handoff *machine.Handoff // nil: plain route
+	Sink    event.Sink
+	Logger  *slog.Logger
+	MaxBody int64
+	// TokenizeTimeout bounds /apply-template + /tokenize before a handoff.
+	TokenizeTimeout time.Duration
+	// Ready, when set, gates completions: while it returns an error they
+	// get a clean 503 (a decoder being restarted), never a hang.
+	Ready func() error
+}
+
+// Server is the HTTP front.
+type Server struct {
+	cfg   Config
+	proxy *httputil.ReverseProxy
+	mux   *http.ServeMux
+	log   *slog.Logger
+}
+
+// New builds the front.
+func New(cfg Config) (*Server, error) {
+	if cfg.Decoder == nil || cfg.Pool == nil {
+		return nil, errors.New("handlers: a decoder and a slot pool are required")
+	}
+	if cfg.MaxBody == 0 {
+		cfg.MaxBody = DefaultMaxBody
+	}
+	if cfg.TokenizeTimeout == 0 {
+		cfg.TokenizeTimeout = 30 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	up, err := url.Parse(cfg.Decoder.BaseURL())
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux()}
+	s.proxy = &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(up)
+			r.Out.Host = r.In.Host
+		},
+		Transport:     cfg.Decoder.HTTP().Transport,
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return
+			}
+			writeError(w, http.StatusServiceUnavailable, typeUnavailable, "decoder unavailable: "+err.Error())
+		},
+	}
+	for _, p := range []string{"/completion", "/completions", "/v1/completions"} {
+		s.mux.Handle("POST "+p, s.completion(kindCompletion))
+	}
+	for _, p := range []string{"/chat/completions", "/v1/chat/completions"} {
+		s.mux.Handle("POST "+p, s.completion(kindChat))
+	}
+	s.mux.Handle("/", s.proxy)
+	return s, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+type kind int
+
+const (
+	kindCompletion kind = iota
+	kindChat
+)
+
+// NewRequestID draws a request id: "r" and 16 hex digits.
+func NewRequestID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "r" + hex.EncodeToString(b[:])
+}
+
+func (s *Server) completion(k kind) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := NewRequestID()
+		w.Header().Set(HeaderRequestID, id)
+		log := s.log.With("request_id", id)
+
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBody))
+		if err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				writeError(w, http.StatusRequestEntityTooLarge, typeInvalidRequest,
+					fmt.Sprintf("request body too large (limit %d bytes)", mbe.Limit))
+				return
+			}
+			writeError(w, http.StatusBadRequest, typeInvalidRequest, "cannot read request body: "+err.Error())
+			return
+		}
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
+			msg := "invalid JSON: the request body must be a JSON object"
+			if err != nil {
+				msg = "invalid JSON: " + err.Error()
+			}
+			writeError(w, http.StatusBadRequest, typeInvalidRequest, msg)
+			return
+		}
+		if s.cfg.Ready != nil {
+			if err := s.cfg.Ready(); err != nil {
+				writeError(w, http.StatusServiceUnavailable, typeUnavailable, err.Error())
+				return
+			}
+		}
+
+		// Tokenize first (it needs no slot), so that a slot is held only
+		// for the handoff and the generation.
+		var tokens []int
+		var why error
+		if s.cfg.Handoff != nil {
+			tokens, why = s.tokens(r.Context(), k, body, fields)
+		}
+
+		slot, err := s.cfg.Pool.Acquire(r.Context())
+		if err != nil {
+			if errors.Is(err, slots.ErrQueueFull) {
+				writeError(w, http.StatusServiceUnavailable, typeUnavailable, "all decoder slots are busy and the wait queue is full; retry later")
+			}
+			return // client gone
+		}
+		defer s.cfg.Pool.Release(slot)
+
+		route := machine.RoutePlain
+		if s.cfg.Handoff != nil {
+			route = s.cfg.Handoff.Route()
+		}
+		m := machine.New(id, slot, route, s.cfg.Sink, log)
+		switch {
+		case s.cfg.Handoff == nil:
+		case why != nil:
+			log.Warn("handoff fell back", "slot", slot, "step", machine.StepTokenize, "reason", why.Error())
+			m.Fire(machine.EvFallback, machine.Attrs{Reason: why.Error(), Step: machine.StepTokenize, Cleanup: &event.Cleanup{}})
+		default:
+			s.cfg.Handoff.Run(r.Context(), m, tokens)
+		}
+		fields["id_slot"] = json.RawMessage(strconv.Itoa(slot))
+		fields["cache_prompt"] = json.RawMessage("true")
+		out, err := json.Marshal(fields)
+		if err != nil { // cannot happen: every value is valid JSON
+			out = body
+		}
+		s.forward(w, r, m, out)
+	})
+}
+
+// tokens is the prompt's token ids as the decoder will see them. An error
+// is a fallback reason.
+func (s *Server) tokens(ctx context.Context, k kind, body []byte, fields map[string]json.RawMessage) ([]int, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.TokenizeTimeout)
+	defer cancel()
+	var prompt string
+	switch k {
+	case kindChat:
+		if _, ok := fields["messages"]; !ok {
+			return nil, errors.New("the chat request has no messages to hand over")
+		}
+		p, err := s.cfg.Decoder.ApplyTemplate(ctx, body)
+		if err != nil {
+			return nil, err
+		}
+		prompt = p
+	default:
+		raw, ok := fields["prompt"]
+		if !ok {
+			return nil, errors.New("the request has no prompt to hand over")
+		}
+		if err := json.Unmarshal(raw, &prompt); err != nil {
+			var ids []int
+			if json.Unmarshal(raw, &ids) == nil && len(ids) > 0 {
+				return ids, nil
+			}
+			return nil, errors.New("the prompt is neither a string nor an array of token ids (several prompts or mixed arrays are not handed over)")
+		}
+	}
+	toks, err := s.cfg.Decoder.Tokenize(ctx, prompt)
+	if err != nil {
+		return nil, err
+	}
+	if len(toks) < 2 {
+		return nil, errors.New("the prompt is too short to be worth a handoff (fewer than 2 tokens)")
+	}
+	return toks, nil
+}
+
+// hop-by-hop headers are not forwarded (RFC 9110 §7.6.1).
+var hopByHop = map[string]bool{
+	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true,
+	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+}
+
+// forward sends body to the decoder and copies the answer back, streaming
+// event by event. The machine ends in done or failed.
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, m *machine.Machine, body []byte) {
+	m.Fire(machine.EvForward, machine.Attrs{})
+	w.Header().Set(HeaderRoute, string(m.Route()))
+
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, s.cfg.Decoder.BaseURL()+r.URL.Path, bytes.NewReader(body))
+	if err != nil {
+		s.fail(m, 0, err)
+		writeError(w, http.StatusInternalServerError, typeServer, err.Error())
+		return
+	}
+	for k, vs := range r.Header {
+		if !hopByHop[k] && k != "Content-Length" && k != "Accept-Encoding" {
+			req.Header[k] = vs
+		}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.cfg.Decoder.HTTP().Do(req)
+	if err != nil {
+		if r.Context().Err() != nil {
+			s.fail(m, 0, errors.New("the client went away before the decoder answered"))
+			return
+		}
+		s.fail(m, 0, err)
+		writeError(w, http.StatusServiceUnavailable, typeUnavailable, "decoder unavailable: "+err.Error())
+		return
+	}
+	defer resp.Body.Close()
+	h := w.Header()
+	for k, vs := range resp.Header {
+		if !hopByHop[k] {
+			h[k] = vs
+		}
+	}
+	stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	if stream {
+		h.Set("X-Accel-Buffering", "no")
+		h.Del("Content-Length")
+	}
+	w.WriteHeader(resp.StatusCode)
+
+	if err := s.copy(w, resp.Body, stream); err != nil {
+		if r.Context().Err() != nil {
+			s.fail(m, resp.StatusCode, errors.New("the client went away mid-response"))
+			return
+		}
+		if stream {
+			// Never a fake [DONE]: the stream ends with llama-server's
+			// mid-stream error event.
+			fmt.Fprintf(w, "data: %s\n\n", errorBody(http.StatusInternalServerError, typeServer, "decoder connection lost: "+err.Error()))
+			http.NewResponseController(w).Flush()
+		}
+		s.fail(m, resp.StatusCode, fmt.Errorf("decoder connection lost mid-response: %w", err))
+		return
+	}
+	if resp.StatusCode >= 500 {
+		s.fail(m, resp.StatusCode, fmt.Errorf("the decoder answered %d", resp.StatusCode))
+		return
+	}
+	m.Fire(machine.EvFinish, machine.Attrs{HTTPStatus: resp.StatusCode})
+}
+
+func (s *Server) fail(m *machine.Machine, status int, err error) {
+	s.log.Warn("request failed", "request_id", m.ID(), "slot", m.Slot(), "error", err)
+	m.Fire(machine.EvFail, machine.Attrs{HTTPStatus: status, Reason: err.Error()})
+}
+
+// copy copies the decoder's answer; a stream is flushed after every read so
+// each event reaches the client as soon as the decoder sent it.
+func (s *Server) copy(w http.ResponseWriter, body io.Reader, stream bool) error {
+	if !stream {
+		_, err := io.Copy(w, body)
+		return err
+	}
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return werr
+			}
+			if ferr := rc.Flush(); ferr != nil {
+				return ferr
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}

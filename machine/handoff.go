@@ -1,0 +1,335 @@
+package machine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/onebitd/onebitd/decoder"
+	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/fdpass"
+	"github.com/onebitd/onebitd/provider"
+)
+
+// Decoder is what the handoff needs from the decoder; *decoder.Client
+// implements it.
+type Decoder interface {
+	Share(ctx context.Context, slot int, socket string) (decoder.ShareReply, error)
+	Adopt(ctx context.Context, slot int, tokens []int, shareID int64) error
+	Restore(ctx context.Context, slot int, filename string) (decoder.RestoreReply, error)
+}
+
+// Provider runs the prefill provider; *provider.Runner implements it.
+type Provider interface {
+	RunFile(ctx context.Context, tokens, model, state string) (provider.Result, error)
+	RunShared(ctx context.Context, tokens, model, layout string, files []*os.File) (provider.Result, error)
+}
+
+var (
+	_ Decoder  = (*decoder.Client)(nil)
+	_ Provider = (*provider.Runner)(nil)
+)
+
+// Steps name where a handoff failed (event.Step of a fallback).
+const (
+	StepListen   = "listen"
+	StepShare    = "share"
+	StepReceive  = "receive"
+	StepPeer     = "peer"
+	StepTokens   = "tokens"
+	StepProvider = "provider"
+	StepAdopt    = "adopt"
+	StepRestore  = "restore"
+	StepTokenize = "tokenize"
+)
+
+// Config is the handoff's configuration.
+type Config struct {
+	SlotDir string // where sockets, tokens, layout and state files live
+	Model   string // --model, passed to the provider
+	Share   bool   // shared route (--kv-share) instead of the file route
+
+	AcceptTimeout  time.Duration // decoder connects and sends the share message
+	ShareTimeout   time.Duration // ?action=share answers
+	ApplyTimeout   time.Duration // ?action=adopt / ?action=restore answer
+	MaxFDs         int           // region fds accepted per share message
+	PeerPID        func() int    // the launched decoder's pid, 0 when attached by URL
+	PeerUID        int           // uid a decoder attached by URL must run as
+	CheckPeerCreds bool
+}
+
+// DefaultConfig fills the zero fields of c.
+func (c Config) withDefaults() Config {
+	if c.AcceptTimeout == 0 {
+		c.AcceptTimeout = 5 * time.Second
+	}
+	if c.ShareTimeout == 0 {
+		c.ShareTimeout = 10 * time.Second
+	}
+	if c.ApplyTimeout == 0 {
+		c.ApplyTimeout = 60 * time.Second
+	}
+	if c.MaxFDs == 0 {
+		c.MaxFDs = 64
+	}
+	return c
+}
+
+// Handoff runs the file or shared route of DESIGN §2 for one request.
+type Handoff struct {
+	cfg  Config
+	dec  Decoder
+	prov Provider
+	log  *slog.Logger
+}
+
+// NewHandoff returns a runner. prov must not be nil (no provider means the
+// plain route, which needs no runner).
+func NewHandoff(cfg Config, dec Decoder, prov Provider, log *slog.Logger) *Handoff {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Handoff{cfg: cfg.withDefaults(), dec: dec, prov: prov, log: log}
+}
+
+// Route is the route this runner takes.
+func (h *Handoff) Route() Route {
+	if h.cfg.Share {
+		return RouteShared
+	}
+	return RouteFile
+}
+
+// Run hands tokens' KV to the decoder's slot m.Slot() and leaves m in
+// adopted, restored or fallback. It returns the fallback reason ("" on
+// success). Every file it made and every fd it received is gone when it
+// returns.
+func (h *Handoff) Run(ctx context.Context, m *Machine, tokens []int) string {
+	w := &work{h: h, m: m, stem: m.ID()}
+	defer w.release() // belt and braces: cleanup already ran on every path
+	if h.cfg.Share {
+		return w.shared(ctx, tokens)
+	}
+	return w.file(ctx, tokens)
+}
+
+// work is one run's resources.
+type work struct {
+	h     *Handoff
+	m     *Machine
+	stem  string
+	l     *fdpass.Listener
+	msg   *fdpass.Message
+	clean event.Cleanup
+	done  bool
+}
+
+func (w *work) path(ext string) string { return filepath.Join(w.h.cfg.SlotDir, w.stem+ext) }
+
+// release closes every fd and removes every file of this run, counting them.
+func (w *work) release() *event.Cleanup {
+	if w.done {
+		return &w.clean
+	}
+	w.done = true
+	if w.msg != nil {
+		w.clean.FDsClosed += w.msg.Close()
+	}
+	if w.l != nil {
+		w.l.Close() // unlinks the socket
+		w.clean.FilesRemoved++
+	}
+	// The stem is unique to this request: whatever a provider left beside
+	// our files (a .tmp of a state file it was killed writing) goes too.
+	matches, _ := filepath.Glob(filepath.Join(w.h.cfg.SlotDir, w.stem+".*"))
+	for _, p := range matches {
+		if err := os.Remove(p); err == nil {
+			w.clean.FilesRemoved++
+		} else if !errors.Is(err, os.ErrNotExist) {
+			w.h.log.Error("cannot remove handoff file", "path", p, "error", err)
+		}
+	}
+	return &w.clean
+}
+
+func (w *work) fire(ev Event, a Attrs) {
+	if err := w.m.Fire(ev, a); err != nil {
+		w.h.log.Error("illegal transition", "request_id", w.m.ID(), "error", err)
+	}
+}
+
+// fallback cleans up and leaves the handoff with one reason.
+func (w *work) fallback(step string, err error, exit *int, status int) string {
+	reason := err.Error()
+	cl := w.release()
+	w.h.log.Warn("handoff fell back", "request_id", w.m.ID(), "slot", w.m.Slot(), "step", step, "reason", reason)
+	w.fire(EvFallback, Attrs{Reason: reason, Step: step, ProviderExit: exit, HTTPStatus: status, Cleanup: cl})
+	return reason
+}
+
+func httpStatus(err error) int {
+	var ae *decoder.APIError
+	if errors.As(err, &ae) {
+		return ae.Status
+	}
+	return 0
+}
+
+func providerExit(res provider.Result, err error) *int {
+	if err == nil || res.ExitCode != 0 {
+		c := res.ExitCode
+		return &c
+	}
+	return nil
+}
+
+func (w *work) file(ctx context.Context, tokens []int) string {
+	tok := w.path(".tokens")
+	if err := provider.WriteTokens(tok, tokens); err != nil {
+		return w.fallback(StepTokens, fmt.Errorf("cannot write the tokens file: %w", err), nil, 0)
+	}
+	state := w.stem + ".bin"
+	res, err := w.h.prov.RunFile(ctx, tok, w.h.cfg.Model, w.path(".bin"))
+	if err != nil {
+		return w.fallback(StepProvider, err, providerExit(res, err), 0)
+	}
+	w.fire(EvPrefill, Attrs{NTokens: len(tokens), ProviderExit: providerExit(res, nil)})
+
+	actx, cancel := context.WithTimeout(ctx, w.h.cfg.ApplyTimeout)
+	_, err = w.h.dec.Restore(actx, w.m.Slot(), state)
+	cancel()
+	if err != nil {
+		return w.fallback(StepRestore, err, nil, httpStatus(err))
+	}
+	w.fire(EvRestore, Attrs{NTokens: len(tokens), Cleanup: w.release()})
+	return ""
+}
+
+type received struct {
+	msg *fdpass.Message
+	err error
+}
+
+func (w *work) shared(ctx context.Context, tokens []int) string {
+	cfg := w.h.cfg
+	l, err := fdpass.Listen(cfg.SlotDir, w.stem)
+	if err != nil {
+		return w.fallback(StepListen, err, nil, 0)
+	}
+	w.l = l
+	w.fire(EvListen, Attrs{})
+
+	deadline := time.Now().Add(cfg.AcceptTimeout)
+	rc := make(chan received, 1)
+	go func() { rc <- w.receive(deadline) }()
+
+	sctx, cancel := context.WithTimeout(ctx, cfg.ShareTimeout)
+	rep, err := w.h.dec.Share(sctx, w.m.Slot(), l.Path())
+	cancel()
+	if err != nil {
+		l.Close() // unblocks Accept
+		if r := <-rc; r.msg != nil {
+			w.msg = r.msg // closed (and counted) by fallback
+		}
+		return w.fallback(StepShare, err, nil, httpStatus(err))
+	}
+	r := <-rc
+	if r.err != nil {
+		step := StepReceive
+		if errors.Is(r.err, errWrongPeer) {
+			step = StepPeer
+		}
+		return w.fallback(step, r.err, nil, 0)
+	}
+	w.msg = r.msg
+	w.fire(EvShare, Attrs{ShareID: rep.ShareID, NFDs: len(r.msg.Files), BytesMapped: regionBytes(&r.msg.Header)})
+
+	tok, layout := w.path(".tokens"), w.path(".json")
+	if err := provider.WriteTokens(tok, tokens); err != nil {
+		return w.fallback(StepTokens, fmt.Errorf("cannot write the tokens file: %w", err), nil, 0)
+	}
+	if err := writeFile0600(layout, r.msg.Raw); err != nil {
+		return w.fallback(StepTokens, fmt.Errorf("cannot write the layout file: %w", err), nil, 0)
+	}
+	res, err := w.h.prov.RunShared(ctx, tok, cfg.Model, layout, r.msg.Files)
+	if err != nil {
+		return w.fallback(StepProvider, err, providerExit(res, err), 0)
+	}
+	w.fire(EvPrefill, Attrs{NTokens: len(tokens), ProviderExit: providerExit(res, nil)})
+
+	actx, cancel := context.WithTimeout(ctx, cfg.ApplyTimeout)
+	err = w.h.dec.Adopt(actx, w.m.Slot(), tokens, *rep.ShareID)
+	cancel()
+	if err != nil {
+		return w.fallback(StepAdopt, err, nil, httpStatus(err))
+	}
+	w.fire(EvAdopt, Attrs{ShareID: rep.ShareID, NTokens: len(tokens), Cleanup: w.release()})
+	return ""
+}
+
+var errWrongPeer = errors.New("the process that connected to the share socket is not the decoder")
+
+// receive accepts the decoder's connection, checks who it is and reads the
+// share message. On error no fd is left open.
+func (w *work) receive(deadline time.Time) received {
+	conn, err := w.l.Accept(deadline)
+	if err != nil {
+		return received{err: fmt.Errorf("the decoder did not send the share message: %w", err)}
+	}
+	defer conn.Close()
+	if err := w.checkPeer(conn); err != nil {
+		return received{err: err}
+	}
+	msg, err := conn.Receive(deadline, w.h.cfg.MaxFDs)
+	if err != nil {
+		return received{err: err}
+	}
+	return received{msg: msg}
+}
+
+func (w *work) checkPeer(conn *fdpass.Conn) error {
+	cfg := w.h.cfg
+	if !cfg.CheckPeerCreds {
+		return nil
+	}
+	cred, err := conn.PeerCred()
+	if err != nil {
+		return fmt.Errorf("cannot read the share socket peer's credentials: %w", err)
+	}
+	if cfg.PeerPID != nil {
+		if pid := cfg.PeerPID(); pid > 0 {
+			if cred.PID != pid {
+				return fmt.Errorf("%w (peer pid %d, decoder pid %d)", errWrongPeer, cred.PID, pid)
+			}
+			return nil
+		}
+	}
+	if cred.UID != cfg.PeerUID {
+		return fmt.Errorf("%w (peer uid %d, expected uid %d)", errWrongPeer, cred.UID, cfg.PeerUID)
+	}
+	return nil
+}
+
+func regionBytes(h *fdpass.Header) int64 {
+	var n int64
+	for _, r := range h.Regions {
+		n += r.Size
+	}
+	return n
+}
+
+func writeFile0600(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

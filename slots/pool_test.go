@@ -1,0 +1,102 @@
+package slots
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestAcquireRelease(t *testing.T) {
+	p := New(2, 1)
+	a, err := p.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := p.Acquire(context.Background())
+	if err != nil || a == b {
+		t.Fatalf("second acquire: %d %d %v", a, b, err)
+	}
+	got := make(chan int)
+	go func() {
+		s, err := p.Acquire(context.Background())
+		if err != nil {
+			t.Error(err)
+		}
+		got <- s
+	}()
+	waitFor(t, func() bool { return p.Stats().Waiting == 1 })
+	if _, err := p.Acquire(context.Background()); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("queue full: got %v", err)
+	}
+	p.Release(a)
+	if s := <-got; s != a {
+		t.Fatalf("waiter got %d, want %d", s, a)
+	}
+}
+
+func TestAcquireCancelled(t *testing.T) {
+	p := New(1, 4)
+	s, _ := p.Acquire(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error)
+	go func() { _, err := p.Acquire(ctx); errc <- err }()
+	waitFor(t, func() bool { return p.Stats().Waiting == 1 })
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v", err)
+	}
+	p.Release(s)
+	if st := p.Stats(); st.Free != 1 || st.Waiting != 0 {
+		t.Fatalf("stats after cancel: %+v", st)
+	}
+}
+
+// TestNoSlotLost hammers the pool; at the end every slot is free exactly once.
+func TestNoSlotLost(t *testing.T) {
+	p := New(4, 1000)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	held := map[int]bool{}
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithCancel(context.Background())
+			if i%7 == 0 {
+				cancel()
+			}
+			defer cancel()
+			s, err := p.Acquire(ctx)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			if held[s] {
+				t.Errorf("slot %d handed out twice", s)
+			}
+			held[s] = true
+			mu.Unlock()
+			mu.Lock()
+			held[s] = false
+			mu.Unlock()
+			p.Release(s)
+		}()
+	}
+	wg.Wait()
+	if st := p.Stats(); st.Free != 4 || st.Waiting != 0 {
+		t.Fatalf("stats: %+v", st)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 5s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
