@@ -1,0 +1,706 @@
+package event
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// maxDepth bounds the nesting of unknown values Parse skips over.
+const maxDepth = 64
+
+// Parse decodes one event: a JSON object, optionally surrounded by
+// whitespace (a log line with its '\n'). It reads the fields of Event, skips
+// fields it does not know (a later minor revision may add some), treats null
+// as "absent" like encoding/json, and requires "v" to be Version. Keys match
+// exactly (encoding/json would also accept "V" for "v"; no writer of this
+// format produces that). Parse does not keep a reference to line.
+func Parse(line []byte) (Event, error) {
+	var d Decoder
+	return d.Parse(line)
+}
+
+// Decoder parses events like Parse and reuses the strings of the last boot
+// and node it saw, which repeat on nearly every line of a log. The zero
+// Decoder is ready; a Decoder is not safe for concurrent use.
+type Decoder struct {
+	boot, node string
+	scratch    []byte
+}
+
+// Parse is Parse with d's string reuse.
+func (d *Decoder) Parse(line []byte) (Event, error) {
+	var e Event
+	p := parser{b: line, d: d}
+	p.ws()
+	if err := p.object(&e); err != nil {
+		return Event{}, err
+	}
+	p.ws()
+	if p.i != len(p.b) {
+		return Event{}, fmt.Errorf("%w: data after the object at offset %d", ErrSyntax, p.i)
+	}
+	if e.V != Version {
+		return Event{}, fmt.Errorf("%w: v=%d, this build reads v=%d", ErrVersion, e.V, Version)
+	}
+	return e, nil
+}
+
+type parser struct {
+	b []byte
+	i int
+	d *Decoder
+}
+
+func (p *parser) ws() {
+	b, i := p.b, p.i
+	for i < len(b) && b[i] <= ' ' && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	p.i = i
+}
+
+func (p *parser) syntax(what string) error {
+	if p.i >= len(p.b) {
+		return fmt.Errorf("%w: %s, found end of input", ErrSyntax, what)
+	}
+	return fmt.Errorf("%w: %s at offset %d, found %q", ErrSyntax, what, p.i, p.b[p.i])
+}
+
+func (p *parser) expect(c byte) error {
+	p.ws()
+	if p.i < len(p.b) && p.b[p.i] == c {
+		p.i++
+		return nil
+	}
+	return p.syntax("expected " + strconv.QuoteRune(rune(c)))
+}
+
+// null consumes a null literal if one is next.
+func (p *parser) null() bool {
+	p.ws()
+	if len(p.b)-p.i >= 4 && string(p.b[p.i:p.i+4]) == "null" {
+		p.i += 4
+		return true
+	}
+	return false
+}
+
+// object parses the top-level event object into e.
+func (p *parser) object(e *Event) error {
+	if err := p.expect('{'); err != nil {
+		return err
+	}
+	p.ws()
+	if p.i < len(p.b) && p.b[p.i] == '}' {
+		p.i++
+		return nil
+	}
+	for {
+		p.ws()
+		key, err := p.str()
+		if err != nil {
+			return err
+		}
+		if err := p.expect(':'); err != nil {
+			return err
+		}
+		if err := p.field(e, key); err != nil {
+			return err
+		}
+		p.ws()
+		if p.i < len(p.b) && p.b[p.i] == ',' {
+			p.i++
+			continue
+		}
+		return p.expect('}')
+	}
+}
+
+// field parses the value of key into e. key aliases the input or scratch
+// and must be examined before the next p.str call.
+func (p *parser) field(e *Event, key []byte) error {
+	var err error
+	switch string(key) {
+	case "v":
+		e.V, err = p.intField("v")
+	case "boot":
+		e.Boot, err = p.strField("boot", &p.d.boot)
+	case "seq":
+		e.Seq, err = p.uintField("seq")
+	case "time":
+		e.Time, err = p.timeField()
+	case "node":
+		e.Node, err = p.strField("node", &p.d.node)
+	case "request_id":
+		e.RequestID, err = p.strField("request_id", nil)
+	case "slot":
+		e.Slot, err = p.intField("slot")
+	case "route":
+		e.Route, err = p.strField("route", nil)
+	case "event":
+		e.Event, err = p.strField("event", nil)
+	case "from":
+		e.From, err = p.strField("from", nil)
+	case "to":
+		e.To, err = p.strField("to", nil)
+	case "elapsed_us":
+		e.ElapsedUS, err = p.int64Field("elapsed_us")
+	case "share_id":
+		if p.null() {
+			e.ShareID = nil
+			return nil
+		}
+		var v int64
+		v, err = p.int64Field("share_id")
+		e.ShareID = &v
+	case "n_tokens":
+		e.NTokens, err = p.intField("n_tokens")
+	case "n_fds":
+		e.NFDs, err = p.intField("n_fds")
+	case "bytes_mapped":
+		e.BytesMapped, err = p.int64Field("bytes_mapped")
+	case "reason":
+		e.Reason, err = p.strField("reason", nil)
+	case "step":
+		e.Step, err = p.strField("step", nil)
+	case "http_status":
+		e.HTTPStatus, err = p.intField("http_status")
+	case "provider_exit":
+		if p.null() {
+			e.ProviderExit = nil
+			return nil
+		}
+		var v int
+		v, err = p.intField("provider_exit")
+		e.ProviderExit = &v
+	case "cleanup":
+		if p.null() {
+			e.Cleanup = nil
+			return nil
+		}
+		c := new(Cleanup)
+		err = p.cleanup(c)
+		e.Cleanup = c
+	default:
+		err = p.skip(0)
+	}
+	return err
+}
+
+func (p *parser) cleanup(c *Cleanup) error {
+	if err := p.expect('{'); err != nil {
+		return fmt.Errorf("cleanup: %w", err)
+	}
+	p.ws()
+	if p.i < len(p.b) && p.b[p.i] == '}' {
+		p.i++
+		return nil
+	}
+	for {
+		p.ws()
+		key, err := p.str()
+		if err != nil {
+			return err
+		}
+		if err := p.expect(':'); err != nil {
+			return err
+		}
+		switch string(key) {
+		case "fds_closed":
+			c.FDsClosed, err = p.intField("cleanup.fds_closed")
+		case "files_removed":
+			c.FilesRemoved, err = p.intField("cleanup.files_removed")
+		default:
+			err = p.skip(1)
+		}
+		if err != nil {
+			return err
+		}
+		p.ws()
+		if p.i < len(p.b) && p.b[p.i] == ',' {
+			p.i++
+			continue
+		}
+		return p.expect('}')
+	}
+}
+
+// strField parses a string value (null leaves ""); last, when set, is a
+// one-entry cache that saves the allocation for repeated values.
+func (p *parser) strField(name string, last *string) (string, error) {
+	if p.null() {
+		return "", nil
+	}
+	p.ws()
+	if p.i >= len(p.b) || p.b[p.i] != '"' {
+		return "", fmt.Errorf("%w: %s: not a string at offset %d", ErrField, name, p.i)
+	}
+	s, err := p.str()
+	if err != nil {
+		return "", err
+	}
+	if last != nil {
+		if *last != string(s) {
+			*last = string(s)
+		}
+		return *last, nil
+	}
+	return intern(s), nil
+}
+
+// intern returns the constant for the enum values that appear on every line
+// (routes, events, states) and a fresh string otherwise.
+func intern(s []byte) string {
+	switch string(s) {
+	case "":
+		return ""
+	case "plain":
+		return "plain"
+	case "file":
+		return "file"
+	case "shared":
+		return "shared"
+	case "fallback":
+		return "fallback"
+	case "received":
+		return "received"
+	case "listening":
+		return "listening"
+	case "prefilled":
+		return "prefilled"
+	case "adopted":
+		return "adopted"
+	case "restored":
+		return "restored"
+	case "forwarding":
+		return "forwarding"
+	case "done":
+		return "done"
+	case "failed":
+		return "failed"
+	case "listen":
+		return "listen"
+	case "share":
+		return "share"
+	case "prefill":
+		return "prefill"
+	case "adopt":
+		return "adopt"
+	case "restore":
+		return "restore"
+	case "forward":
+		return "forward"
+	case "finish":
+		return "finish"
+	case "fail":
+		return "fail"
+	}
+	return string(s)
+}
+
+// str parses a JSON string at p.i and returns its decoded bytes, which alias
+// either the input or the decoder's scratch buffer. Invalid UTF-8 decodes to
+// U+FFFD and unpaired surrogate escapes to U+FFFD, as in encoding/json.
+func (p *parser) str() ([]byte, error) {
+	if p.i >= len(p.b) || p.b[p.i] != '"' {
+		return nil, p.syntax("expected a string")
+	}
+	start := p.i + 1
+	// Fast path: printable ASCII up to the closing quote.
+	b, i := p.b, start
+	for i < len(b) {
+		c := b[i]
+		if c == '"' {
+			p.i = i + 1
+			return b[start:i], nil
+		}
+		if c == '\\' || c < 0x20 || c >= utf8.RuneSelf {
+			break
+		}
+		i++
+	}
+	p.i = i
+	buf := append(p.d.scratch[:0], p.b[start:p.i]...)
+	for {
+		if p.i >= len(p.b) {
+			return nil, p.syntax("unterminated string")
+		}
+		c := p.b[p.i]
+		switch {
+		case c == '"':
+			p.i++
+			p.d.scratch = buf
+			return buf, nil
+		case c < 0x20:
+			return nil, p.syntax("control character in string")
+		case c == '\\':
+			p.i++
+			if p.i >= len(p.b) {
+				return nil, p.syntax("unterminated escape")
+			}
+			esc := p.b[p.i]
+			p.i++
+			switch esc {
+			case '"', '\\', '/':
+				buf = append(buf, esc)
+			case 'b':
+				buf = append(buf, '\b')
+			case 'f':
+				buf = append(buf, '\f')
+			case 'n':
+				buf = append(buf, '\n')
+			case 'r':
+				buf = append(buf, '\r')
+			case 't':
+				buf = append(buf, '\t')
+			case 'u':
+				r, ok := p.hex4()
+				if !ok {
+					return nil, p.syntax("bad \\u escape")
+				}
+				if utf16.IsSurrogate(r) {
+					r2 := rune(-1)
+					if len(p.b)-p.i >= 6 && p.b[p.i] == '\\' && p.b[p.i+1] == 'u' {
+						save := p.i
+						p.i += 2
+						if v, ok := p.hex4(); ok {
+							r2 = v
+						}
+						if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
+							r = dec
+						} else {
+							p.i = save
+							r = utf8.RuneError
+						}
+					} else {
+						r = utf8.RuneError
+					}
+				}
+				buf = utf8.AppendRune(buf, r)
+			default:
+				p.i -= 2
+				return nil, p.syntax("bad escape")
+			}
+		case c < utf8.RuneSelf:
+			buf = append(buf, c)
+			p.i++
+		default:
+			r, size := utf8.DecodeRune(p.b[p.i:])
+			if r == utf8.RuneError && size == 1 {
+				buf = append(buf, "\uFFFD"...)
+			} else {
+				buf = append(buf, p.b[p.i:p.i+size]...)
+			}
+			p.i += size
+		}
+	}
+}
+
+func (p *parser) hex4() (rune, bool) {
+	if len(p.b)-p.i < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range p.b[p.i : p.i+4] {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c = c - 'a' + 10
+		case 'A' <= c && c <= 'F':
+			c = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	p.i += 4
+	return r, true
+}
+
+// number scans a JSON number and returns its text and whether it is an
+// integer (no fraction, no exponent).
+func (p *parser) number() ([]byte, bool, error) {
+	p.ws()
+	start := p.i
+	// Fast path: a short run of digits ending the number.
+	if b, i := p.b, p.i; i < len(b) && '1' <= b[i] && b[i] <= '9' {
+		for i++; i < len(b) && '0' <= b[i] && b[i] <= '9'; i++ {
+		}
+		if i < len(b) && b[i] != '.' && b[i] != 'e' && b[i] != 'E' {
+			p.i = i
+			return b[start:i], true, nil
+		}
+	}
+	if p.i < len(p.b) && p.b[p.i] == '-' {
+		p.i++
+	}
+	switch {
+	case p.i < len(p.b) && p.b[p.i] == '0':
+		p.i++
+	case p.i < len(p.b) && '1' <= p.b[p.i] && p.b[p.i] <= '9':
+		for p.i < len(p.b) && '0' <= p.b[p.i] && p.b[p.i] <= '9' {
+			p.i++
+		}
+	default:
+		return nil, false, p.syntax("expected a number")
+	}
+	integer := true
+	if p.i < len(p.b) && p.b[p.i] == '.' {
+		integer = false
+		p.i++
+		if p.i >= len(p.b) || p.b[p.i] < '0' || p.b[p.i] > '9' {
+			return nil, false, p.syntax("expected a digit")
+		}
+		for p.i < len(p.b) && '0' <= p.b[p.i] && p.b[p.i] <= '9' {
+			p.i++
+		}
+	}
+	if p.i < len(p.b) && (p.b[p.i] == 'e' || p.b[p.i] == 'E') {
+		integer = false
+		p.i++
+		if p.i < len(p.b) && (p.b[p.i] == '+' || p.b[p.i] == '-') {
+			p.i++
+		}
+		if p.i >= len(p.b) || p.b[p.i] < '0' || p.b[p.i] > '9' {
+			return nil, false, p.syntax("expected a digit")
+		}
+		for p.i < len(p.b) && '0' <= p.b[p.i] && p.b[p.i] <= '9' {
+			p.i++
+		}
+	}
+	return p.b[start:p.i], integer, nil
+}
+
+// int64Field parses an integer value (null leaves 0).
+func (p *parser) int64Field(name string) (int64, error) {
+	if p.null() {
+		return 0, nil
+	}
+	p.ws()
+	if p.i < len(p.b) && p.b[p.i] != '-' && (p.b[p.i] < '0' || p.b[p.i] > '9') {
+		return 0, fmt.Errorf("%w: %s: not a number at offset %d", ErrField, name, p.i)
+	}
+	text, integer, err := p.number()
+	if err != nil {
+		return 0, err
+	}
+	if !integer {
+		return 0, fmt.Errorf("%w: %s: %s is not an integer", ErrField, name, text)
+	}
+	// Hand-rolled for the common short case; strconv for the rest.
+	if len(text) <= 18 {
+		neg := text[0] == '-'
+		digits := text
+		if neg {
+			digits = text[1:]
+		}
+		var v int64
+		for _, c := range digits {
+			v = v*10 + int64(c-'0')
+		}
+		if neg {
+			v = -v
+		}
+		return v, nil
+	}
+	v, err := strconv.ParseInt(string(text), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s: %s out of range", ErrField, name, text)
+	}
+	return v, nil
+}
+
+func (p *parser) intField(name string) (int, error) {
+	v, err := p.int64Field(name)
+	if err != nil {
+		return 0, err
+	}
+	if v < math.MinInt || v > math.MaxInt {
+		return 0, fmt.Errorf("%w: %s: %d out of range", ErrField, name, v)
+	}
+	return int(v), nil
+}
+
+func (p *parser) uintField(name string) (uint64, error) {
+	if p.null() {
+		return 0, nil
+	}
+	p.ws()
+	if p.i < len(p.b) && (p.b[p.i] < '0' || p.b[p.i] > '9') {
+		return 0, fmt.Errorf("%w: %s: not an unsigned number at offset %d", ErrField, name, p.i)
+	}
+	text, integer, err := p.number()
+	if err != nil {
+		return 0, err
+	}
+	if !integer {
+		return 0, fmt.Errorf("%w: %s: %s is not an integer", ErrField, name, text)
+	}
+	if len(text) <= 19 {
+		var v uint64
+		for _, c := range text {
+			v = v*10 + uint64(c-'0')
+		}
+		return v, nil
+	}
+	v, err := strconv.ParseUint(string(text), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s: %s out of range", ErrField, name, text)
+	}
+	return v, nil
+}
+
+// timeField parses an RFC 3339 time string (null leaves the zero time).
+func (p *parser) timeField() (time.Time, error) {
+	if p.null() {
+		return time.Time{}, nil
+	}
+	p.ws()
+	if p.i >= len(p.b) || p.b[p.i] != '"' {
+		return time.Time{}, fmt.Errorf("%w: time: not a string at offset %d", ErrField, p.i)
+	}
+	s, err := p.str()
+	if err != nil {
+		return time.Time{}, err
+	}
+	if t, ok := parseUTC(s); ok {
+		return t, nil
+	}
+	t, err := time.Parse(time.RFC3339, string(s))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%w: time: %w", ErrField, err)
+	}
+	return t, nil
+}
+
+// parseUTC is the fast path for the form AppendJSON writes,
+// "2006-01-02T15:04:05[.fraction]Z". It reports false for anything else,
+// including out-of-range values, which then go through time.Parse.
+func parseUTC(s []byte) (time.Time, bool) {
+	if len(s) < 20 || s[len(s)-1] != 'Z' || s[4] != '-' || s[7] != '-' || s[10] != 'T' ||
+		s[13] != ':' || s[16] != ':' {
+		return time.Time{}, false
+	}
+	num := func(b []byte) (int, bool) {
+		v := 0
+		for _, c := range b {
+			if c < '0' || c > '9' {
+				return 0, false
+			}
+			v = v*10 + int(c-'0')
+		}
+		return v, true
+	}
+	year, ok1 := num(s[0:4])
+	month, ok2 := num(s[5:7])
+	day, ok3 := num(s[8:10])
+	hour, ok4 := num(s[11:13])
+	minute, ok5 := num(s[14:16])
+	sec, ok6 := num(s[17:19])
+	if !(ok1 && ok2 && ok3 && ok4 && ok5 && ok6) || month < 1 || month > 12 || day < 1 ||
+		day > daysIn(month, year) || hour > 23 || minute > 59 || sec > 59 {
+		return time.Time{}, false
+	}
+	ns := 0
+	if frac := s[19 : len(s)-1]; len(frac) > 0 {
+		if frac[0] != '.' || len(frac) < 2 || len(frac) > 10 {
+			return time.Time{}, false
+		}
+		v, ok := num(frac[1:])
+		if !ok {
+			return time.Time{}, false
+		}
+		for range 10 - len(frac) {
+			v *= 10
+		}
+		ns = v
+	}
+	return time.Date(year, time.Month(month), day, hour, minute, sec, ns, time.UTC), true
+}
+
+func daysIn(month, year int) int {
+	switch month {
+	case 2:
+		if year%4 == 0 && (year%100 != 0 || year%400 == 0) {
+			return 29
+		}
+		return 28
+	case 4, 6, 9, 11:
+		return 30
+	}
+	return 31
+}
+
+// skip consumes one JSON value of any type, checking its syntax.
+func (p *parser) skip(depth int) error {
+	if depth > maxDepth {
+		return p.syntax("nesting too deep")
+	}
+	p.ws()
+	if p.i >= len(p.b) {
+		return p.syntax("expected a value")
+	}
+	switch c := p.b[p.i]; {
+	case c == '"':
+		_, err := p.str()
+		return err
+	case c == '{':
+		p.i++
+		p.ws()
+		if p.i < len(p.b) && p.b[p.i] == '}' {
+			p.i++
+			return nil
+		}
+		for {
+			p.ws()
+			if _, err := p.str(); err != nil {
+				return err
+			}
+			if err := p.expect(':'); err != nil {
+				return err
+			}
+			if err := p.skip(depth + 1); err != nil {
+				return err
+			}
+			p.ws()
+			if p.i < len(p.b) && p.b[p.i] == ',' {
+				p.i++
+				continue
+			}
+			return p.expect('}')
+		}
+	case c == '[':
+		p.i++
+		p.ws()
+		if p.i < len(p.b) && p.b[p.i] == ']' {
+			p.i++
+			return nil
+		}
+		for {
+			if err := p.skip(depth + 1); err != nil {
+				return err
+			}
+			p.ws()
+			if p.i < len(p.b) && p.b[p.i] == ',' {
+				p.i++
+				continue
+			}
+			return p.expect(']')
+		}
+	case c == '-' || ('0' <= c && c <= '9'):
+		_, _, err := p.number()
+		return err
+	}
+	for _, lit := range [...]string{"true", "false", "null"} {
+		if len(p.b)-p.i >= len(lit) && string(p.b[p.i:p.i+len(lit)]) == lit {
+			p.i += len(lit)
+			return nil
+		}
+	}
+	return p.syntax("expected a value")
+}
