@@ -1,0 +1,59 @@
+// Package decodersim is a simulated llama-server: the decoder that onebitd
+// drives, with the fork's share/adopt slot actions. It answers like upstream
+// llama-server on every endpoint it implements (status codes, the error
+// shape {"error":{"code":N,"message":"…","type":"…"}}, field names) and runs
+// the deterministic model of package simkv over real shared memory, so a
+// handoff of wrong or stale KV changes the generated text.
+//
+// # Endpoints
+//
+// GET /health, /props, /slots, /v1/models (and /models); POST /tokenize,
+// /detokenize, /apply-template (ChatML), /completion, /v1/completions,
+// /v1/chat/completions (stream or not), /slots/{id}?action=save|restore|
+// erase|share|adopt. Unknown routes answer 404 "File Not Found"; while
+// loading (--loading-delay) everything but the model list answers 503
+// "Loading model".
+//
+// # KV memory
+//
+// The KV cache is one buffer per (layer, kind ∈ {k, v}) of n_ctx cells of
+// stride = cell_size / (2 n_layer) bytes, packed greedily (page aligned)
+// into memfd chunks of at most --chunk-size bytes, sized with ftruncate and
+// mapped MAP_SHARED once at start (so -c 20480 gives 56 buffers of 40 MiB in
+// 3 chunks, 2240 MiB, none of it populated). Slot K of N owns cells
+// [K n_ctx/N, (K+1) n_ctx/N) of every buffer. Only layer 0's buffers carry
+// records (simkv.PutK/PutV at the start of a cell); the rest stays sparse.
+//
+// Evaluating token t at position i writes simkv.Cell(model, digest read from
+// cell i-1's K record in memory, t, i) into cell i; the next token is
+// simkv.Next over simkv.Fold of every live cell read from memory.
+//
+// # Prompt cache
+//
+// Each slot keeps the token list its cells hold. A completion reuses the
+// longest common prefix with its prompt, but always evaluates the last prompt
+// token again (a fully handed-over prompt of n tokens reports prompt_n 1,
+// cache_n n-1); generated tokens are evaluated too except the last
+// (tokens_cached = prompt + generated - 1). Generation is greedy; sampling
+// parameters are accepted and ignored.
+//
+// # Share and adopt
+//
+// share sends one fdpass message to the given socket: a header whose regions
+// describe the slot's cells in every buffer and the chunk fds holding them
+// (fd_index = chunk index). The slot's cache is cleared (its memory may now
+// be written by others) and the slot remembers the new share_id, a
+// per-server counter from 1. adopt accepts that share_id once; a share that
+// is not the slot's last, already adopted, or voided by a later write into the
+// slot (a completion or restore) is refused with 400. --lax-share-id turns
+// the checks off (a test switch proving that the conformance probe catches a
+// lax decoder). --recurrent makes share and adopt answer 501 "no shareable
+// region".
+//
+// # Deliberate differences from upstream
+//
+// An id_slot or slot action id outside [0, total_slots) is a 400 (upstream
+// defers the task forever or wraps the id). A list of several prompts is a
+// 400 (upstream runs one task per prompt). -c must give each slot a multiple
+// of 4 KiB of cells per buffer so that every shared region is page aligned.
+package decodersim

@@ -1,0 +1,469 @@
+package decodersim
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/onebitd/onebitd/fdpass"
+	"github.com/onebitd/onebitd/internal/simkv"
+)
+
+// shareDialTimeout bounds the connect to a share socket.
+const shareDialTimeout = 5 * time.Second
+
+// handleSlotAction is POST /slots/{id}?action=save|restore|erase|share|adopt.
+// Checks run in upstream's order: slot save path (501), slot id (400),
+// action (400), then the action's body.
+func (s *Server) handleSlotAction(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.SlotSavePath == "" {
+		writeError(w, apiErr(errNotSupported, "This server does not support slots action. Start it with `--slot-save-path`"))
+		return
+	}
+	id, err := strconv.Atoi(r.PathValue("id"))
+	if err != nil {
+		writeError(w, apiErr(errInvalidRequest, "Invalid slot ID"))
+		return
+	}
+	var act func(*http.Request, int) (any, *apiError)
+	switch r.URL.Query().Get("action") {
+	case "save":
+		act = s.slotSave
+	case "restore":
+		act = s.slotRestore
+	case "erase":
+		act = s.slotErase
+	case "share":
+		act = s.slotShare
+	case "adopt":
+		act = s.slotAdopt
+	default:
+		writeError(w, apiErr(errInvalidRequest, "Invalid action"))
+		return
+	}
+	// Upstream wraps an id past the end onto another slot; the sim refuses it.
+	if id < 0 || id >= s.cfg.NParallel {
+		writeError(w, apiErr(errInvalidRequest, "Invalid slot ID: %d (total_slots is %d)", id, s.cfg.NParallel))
+		return
+	}
+	v, e := act(r, id)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+// filenameBody reads {"filename": "…"} like upstream: invalid JSON or a
+// missing or non-string filename is a 500, an unsafe name a 400.
+func filenameBody(r *http.Request) (string, *apiError) {
+	var body map[string]json.RawMessage
+	if e := readBody(r, &body); e != nil {
+		return "", e
+	}
+	raw, ok := body["filename"]
+	if !ok {
+		return "", apiErr(errServer, "[json.exception.out_of_range.403] key 'filename' not found")
+	}
+	var name string
+	if err := json.Unmarshal(raw, &name); err != nil {
+		return "", apiErr(errServer, "[json.exception.type_error.302] type must be string, but is %s", jsonKind(raw))
+	}
+	if !validFilename(name) {
+		return "", apiErr(errInvalidRequest, "Invalid filename")
+	}
+	return name, nil
+}
+
+func jsonKind(raw json.RawMessage) string {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return "null"
+	}
+	switch raw[0] {
+	case '{':
+		return "object"
+	case '[':
+		return "array"
+	case 't', 'f':
+		return "boolean"
+	case 'n':
+		return "null"
+	}
+	return "number"
+}
+
+// validFilename is llama.cpp's fs_validate_filename (no subdirectories).
+func validFilename(name string) bool {
+	if name == "" || len(name) > 255 || !utf8.ValidString(name) {
+		return false
+	}
+	for _, c := range name {
+		switch {
+		case c <= 0x1f, c == 0x7f, c >= 0x80 && c <= 0x9f,
+			c == 0xff0e, c == 0x2215, c == 0x2216,
+			c >= 0xd800 && c <= 0xdfff, c == 0xfffd, c == 0xfeff,
+			strings.ContainsRune(`:*?"<>|/\`, c):
+			return false
+		}
+	}
+	if name[0] == ' ' || name[len(name)-1] == ' ' || name[len(name)-1] == '.' {
+		return false
+	}
+	return !strings.Contains(name, "..") && name != "."
+}
+
+type saveReply struct {
+	IDSlot   int    `json:"id_slot"`
+	Filename string `json:"filename"`
+	NSaved   int    `json:"n_saved"`
+	NWritten int64  `json:"n_written"`
+	Timings  struct {
+		SaveMs float64 `json:"save_ms"`
+	} `json:"timings"`
+}
+
+// slotSave writes the slot's tokens and cell records, read from KV memory,
+// to a temp file in the slot save path and renames it into place.
+func (s *Server) slotSave(r *http.Request, id int) (any, *apiError) {
+	name, e := filenameBody(r)
+	if e != nil {
+		return nil, e
+	}
+	sl, err := s.sched.acquire(r.Context(), id, nil)
+	if err != nil {
+		return nil, apiErr(errServer, "request cancelled while waiting for slot %d", id)
+	}
+	defer s.sched.release(sl)
+	t0 := time.Now()
+	st := simkv.State{Tokens: sl.tokens, K: make([][]byte, len(sl.tokens)), V: make([][]byte, len(sl.tokens))}
+	for i := range sl.tokens {
+		st.K[i], st.V[i] = s.kv.cellK(id, i), s.kv.cellV(id, i)
+	}
+	n, err := writeFileAtomic(s.cfg.SlotSavePath+name, func(w io.Writer) error { return simkv.WriteState(w, s.modelHash, st) })
+	if err != nil {
+		s.log.Warn("slot save failed", attrSlot, id, attrPath, name, attrError, err)
+		return nil, apiErr(errServer, "Unable to save slot: %v", err)
+	}
+	rep := saveReply{IDSlot: id, Filename: name, NSaved: len(st.Tokens), NWritten: n}
+	rep.Timings.SaveMs = msSince(t0)
+	s.log.Info("slot saved", attrSlot, id, attrPath, name, "n_saved", rep.NSaved)
+	return rep, nil
+}
+
+// countWriter counts bytes written through it.
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// writeFileAtomic writes path through a temp file in the same directory and
+// renames it into place; on any error the temp file is removed.
+func writeFileAtomic(path string, write func(io.Writer) error) (n int64, err error) {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		if err != nil {
+			_ = f.Close()
+			_ = os.Remove(f.Name())
+		}
+	}()
+	cw := &countWriter{w: f}
+	if err := write(cw); err != nil {
+		return 0, err
+	}
+	if err := f.Close(); err != nil {
+		return 0, err
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return 0, err
+	}
+	return cw.n, nil
+}
+
+type restoreReply struct {
+	IDSlot    int    `json:"id_slot"`
+	Filename  string `json:"filename"`
+	NRestored int    `json:"n_restored"`
+	NRead     int64  `json:"n_read"`
+	Timings   struct {
+		RestoreMs float64 `json:"restore_ms"`
+	} `json:"timings"`
+}
+
+// slotRestore loads a state file into the slot's cells. A failure clears the
+// slot, as upstream does.
+func (s *Server) slotRestore(r *http.Request, id int) (any, *apiError) {
+	name, e := filenameBody(r)
+	if e != nil {
+		return nil, e
+	}
+	sl, err := s.sched.acquire(r.Context(), id, nil)
+	if err != nil {
+		return nil, apiErr(errServer, "request cancelled while waiting for slot %d", id)
+	}
+	defer s.sched.release(sl)
+	t0 := time.Now()
+	st, n, err := readStateFile(s.cfg.SlotSavePath+name, s.modelHash)
+	if err == nil && len(st.Tokens) > s.kv.slotCells {
+		err = fmt.Errorf("the state holds %d tokens, more than the slot's %d cells", len(st.Tokens), s.kv.slotCells)
+	}
+	if err == nil {
+		err = checkTokens(st.Tokens).asError()
+	}
+	sl.touchKV()
+	sl.truncate(0)
+	if err != nil {
+		s.log.Warn("slot restore failed", attrSlot, id, attrPath, name, attrError, err)
+		return nil, apiErr(errInvalidRequest, "Unable to restore slot: %v", err)
+	}
+	for i := range st.Tokens {
+		copy(s.kv.cellK(id, i), st.K[i])
+		copy(s.kv.cellV(id, i), st.V[i])
+	}
+	sl.setTokens(st.Tokens)
+	rep := restoreReply{IDSlot: id, Filename: name, NRestored: len(st.Tokens), NRead: n}
+	rep.Timings.RestoreMs = msSince(t0)
+	s.log.Info("slot restored", attrSlot, id, attrPath, name, "n_restored", rep.NRestored)
+	return rep, nil
+}
+
+func readStateFile(path string, model uint64) (simkv.State, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return simkv.State{}, 0, err
+	}
+	defer f.Close()
+	return simkv.ReadState(f, model)
+}
+
+// asError lets an *apiError travel as an error (nil stays nil).
+func (e *apiError) asError() error {
+	if e == nil {
+		return nil
+	}
+	return e
+}
+
+// slotErase forgets the slot's cached tokens.
+func (s *Server) slotErase(r *http.Request, id int) (any, *apiError) {
+	sl, err := s.sched.acquire(r.Context(), id, nil)
+	if err != nil {
+		return nil, apiErr(errServer, "request cancelled while waiting for slot %d", id)
+	}
+	defer s.sched.release(sl)
+	n := len(sl.tokens)
+	sl.truncate(0)
+	return struct {
+		IDSlot  int `json:"id_slot"`
+		NErased int `json:"n_erased"`
+	}{id, n}, nil
+}
+
+type shareReply struct {
+	IDSlot      int   `json:"id_slot"`
+	ShareID     int64 `json:"share_id"`
+	NRegions    int   `json:"n_regions"`
+	NFDs        int   `json:"n_fds"`
+	BytesMapped int64 `json:"bytes_mapped"`
+	Timings     struct {
+		ShareMs float64 `json:"share_ms"`
+	} `json:"timings"`
+}
+
+// slotShare sends the slot's KV regions to a unix socket (one message:
+// header + chunk fds) and clears the slot: from now on its memory may be
+// written by others, so the cached tokens no longer describe it.
+func (s *Server) slotShare(r *http.Request, id int) (any, *apiError) {
+	if s.cfg.Recurrent {
+		return nil, apiErr(errNotSupported, "no shareable region")
+	}
+	var body struct {
+		Socket *string `json:"socket"`
+	}
+	if e := readBody(r, &body); e != nil {
+		return nil, e
+	}
+	switch {
+	case body.Socket == nil || *body.Socket == "":
+		return nil, apiErr(errInvalidRequest, "socket is required")
+	case !filepath.IsAbs(*body.Socket):
+		return nil, apiErr(errInvalidRequest, "socket must be an absolute path, got %q", *body.Socket)
+	}
+	sl, err := s.sched.acquire(r.Context(), id, nil)
+	if err != nil {
+		return nil, apiErr(errServer, "request cancelled while waiting for slot %d", id)
+	}
+	defer s.sched.release(sl)
+
+	t0 := time.Now()
+	h := fdpass.Header{
+		Version:    fdpass.HeaderVersion,
+		LayoutHash: s.layout.Hash(),
+		NCtx:       s.cfg.NCtx,
+		NLayer:     s.cfg.NLayer,
+		KVTypeK:    s.cfg.CacheTypeK,
+		KVTypeV:    s.cfg.CacheTypeV,
+		FlashAttn:  s.cfg.flashAttn(),
+		NBatch:     s.cfg.NBatch,
+		NUbatch:    s.cfg.NUbatch,
+		Regions:    s.kv.regions(id),
+	}
+	raw, err := fdpass.Encode(&h)
+	if err != nil {
+		return nil, apiErr(errServer, "unable to share slot %d: %v", id, err)
+	}
+	conn, err := fdpass.Dial(*body.Socket, shareDialTimeout)
+	if err != nil {
+		s.log.Warn("slot share failed", attrSlot, id, attrPath, *body.Socket, attrError, err)
+		return nil, apiErr(errServer, "unable to share slot %d: %v", id, err)
+	}
+	defer conn.Close()
+	fds := s.kv.fds()
+	// From here on the peer may hold the fds: the slot's cached tokens and
+	// any earlier share are void whatever happens.
+	sl.truncate(0)
+	sl.share = shareState{}
+	if err := fdpass.Send(conn, raw, fds); err != nil {
+		s.log.Warn("slot share failed", attrSlot, id, attrPath, *body.Socket, attrError, err)
+		return nil, apiErr(errServer, "unable to share slot %d: %v", id, err)
+	}
+	shareID := s.shareSeq.Add(1)
+	sl.share = shareState{last: shareID}
+	rep := shareReply{IDSlot: id, ShareID: shareID, NRegions: len(h.Regions), NFDs: len(fds)}
+	for _, rg := range h.Regions {
+		rep.BytesMapped += rg.Size
+	}
+	rep.Timings.ShareMs = msSince(t0)
+	s.log.Info("slot shared", attrSlot, id, attrShareID, shareID, "n_regions", rep.NRegions, "n_fds", rep.NFDs)
+	return rep, nil
+}
+
+// adoptBody is {"tokens": […], "share_id": N}.
+type adoptBody struct {
+	Tokens  json.RawMessage `json:"tokens"`
+	ShareID json.RawMessage `json:"share_id"`
+}
+
+// slotAdopt makes the slot's cache the given tokens, whose cells the
+// provider wrote into the shared regions; nothing is copied. The share_id
+// must be the slot's last share, not yet adopted (unless --lax-share-id).
+func (s *Server) slotAdopt(r *http.Request, id int) (any, *apiError) {
+	if s.cfg.Recurrent {
+		return nil, apiErr(errNotSupported, "no shareable region")
+	}
+	var body adoptBody
+	if e := readBody(r, &body); e != nil {
+		return nil, e
+	}
+	toks, shareID, e := parseAdopt(body, s.cfg.LaxShareID)
+	if e != nil {
+		return nil, e
+	}
+	if len(toks) > s.kv.slotCells {
+		return nil, exceedContext(len(toks), s.kv.slotCells)
+	}
+	sl, err := s.sched.acquire(r.Context(), id, nil)
+	if err != nil {
+		return nil, apiErr(errServer, "request cancelled while waiting for slot %d", id)
+	}
+	defer s.sched.release(sl)
+	t0 := time.Now()
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.cfg.LaxShareID {
+		if e := s.checkShareLocked(sl, shareID); e != nil {
+			s.log.Warn("adopt refused", attrSlot, id, attrShareID, shareID, attrError, e.Message)
+			return nil, e
+		}
+	}
+	if shareID != 0 && shareID == sl.share.last {
+		sl.share.used = true
+		s.adopted[shareID] = true
+	}
+	sl.setTokens(toks)
+	rep := struct {
+		IDSlot   int `json:"id_slot"`
+		NAdopted int `json:"n_adopted"`
+		Timings  struct {
+			AdoptMs float64 `json:"adopt_ms"`
+		} `json:"timings"`
+	}{IDSlot: id, NAdopted: len(toks)}
+	rep.Timings.AdoptMs = msSince(t0)
+	s.log.Info("slot adopted", attrSlot, id, attrShareID, shareID, "n_adopted", len(toks))
+	return rep, nil
+}
+
+// checkShareLocked says why shareID may not be adopted into sl, or nil.
+func (s *Server) checkShareLocked(sl *slot, shareID int64) *apiError {
+	last := "none"
+	if sl.share.last != 0 {
+		last = strconv.FormatInt(sl.share.last, 10)
+	}
+	switch {
+	case s.adopted[shareID]:
+		return apiErr(errInvalidRequest, "share_id %d was already adopted", shareID)
+	case shareID != sl.share.last:
+		return apiErr(errInvalidRequest, "share_id %d is not the last share of slot %d (last: %s)", shareID, sl.id, last)
+	case sl.share.void:
+		return apiErr(errInvalidRequest, "share_id %d is void: slot %d's cells were written after the share", shareID, sl.id)
+	}
+	return nil
+}
+
+// parseAdopt validates an adopt body. share_id is 0 when absent (only lax
+// mode accepts that).
+func parseAdopt(b adoptBody, lax bool) ([]int, int64, *apiError) {
+	if len(b.Tokens) == 0 || string(b.Tokens) == "null" {
+		return nil, 0, apiErr(errInvalidRequest, "tokens is required")
+	}
+	var nums []json.RawMessage
+	if err := json.Unmarshal(b.Tokens, &nums); err != nil {
+		return nil, 0, apiErr(errInvalidRequest, "tokens must be an array of token ids")
+	}
+	toks := make([]int, len(nums))
+	for i, n := range nums {
+		t, err := tokenID(n)
+		if err != nil {
+			return nil, 0, apiErr(errInvalidRequest, "tokens[%d]: %v", i, err)
+		}
+		toks[i] = t
+	}
+	if e := checkTokens(toks); e != nil {
+		return nil, 0, e
+	}
+	var shareID int64
+	switch raw := bytes.TrimSpace(b.ShareID); {
+	case len(raw) == 0 || string(raw) == "null":
+		if !lax {
+			return nil, 0, apiErr(errInvalidRequest, "share_id is required")
+		}
+	default:
+		v, err := strconv.ParseInt(string(raw), 10, 64)
+		if err != nil || v < 1 {
+			if !lax {
+				return nil, 0, apiErr(errInvalidRequest, "share_id must be a positive integer, got %s", truncate(string(raw), 32))
+			}
+			v = 0
+		}
+		shareID = v
+	}
+	return toks, shareID, nil
+}
