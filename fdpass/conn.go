@@ -74,7 +74,11 @@ func (c *Conn) Receive(deadline time.Time, maxFDs int) (msg *Message, err error)
 	if err := c.uc.SetReadDeadline(deadline); err != nil {
 		return nil, fmt.Errorf("fdpass: set read deadline: %w", err)
 	}
-	r := reader{c: c, oob: make([]byte, unix.CmsgSpace(4*maxFDs)), maxFDs: maxFDs, fds: &fds}
+	// CmsgLen, not CmsgSpace: the kernel installs as many fds as fit the
+	// buffer, and when maxFDs is odd CmsgSpace's alignment padding has room
+	// for one more (CmsgSpace(4*3) = 32 bytes holds 4 fds), which would then
+	// arrive without MSG_CTRUNC.
+	r := reader{c: c, oob: make([]byte, unix.CmsgLen(4*maxFDs)), maxFDs: maxFDs, fds: &fds}
 
 	var prefix [prefixLen]byte
 	if err := r.full(prefix[:], "length"); err != nil {
@@ -161,6 +165,9 @@ func (r *reader) recv(p []byte) (int, error) {
 		return 0, perr
 	case flags&unix.MSG_CTRUNC != 0:
 		return 0, fmt.Errorf("%w: %d fds kept, the limit is %d", ErrCtrunc, len(*r.fds), r.maxFDs)
+	case len(*r.fds) > r.maxFDs:
+		// Not expected with a CmsgLen-sized buffer; kept as a guard.
+		return 0, fmt.Errorf("%w: %d fds arrived, the limit is %d", ErrCtrunc, len(*r.fds), r.maxFDs)
 	case flags&unix.MSG_TRUNC != 0:
 		return 0, fmt.Errorf("%w (%d bytes read)", ErrTrunc, n)
 	case got > 0 && r.segments > 1:

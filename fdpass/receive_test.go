@@ -167,6 +167,8 @@ func TestReceive(t *testing.T) {
 		{name: "receive timeout", nfds: 1, maxFDs: 4, timeout: 50 * time.Millisecond,
 			send: one(frame(mustJSON(t, oneFD))[:40], 1), want: ErrReceiveTimeout},
 		{name: "more fds than maxFDs", nfds: 3, maxFDs: 2, send: one(frame(mustJSON(t, good3)), 3), want: ErrCtrunc},
+		{name: "4 fds, maxFDs 3 (odd: CmsgSpace padding)", nfds: 4, maxFDs: 3, send: one(frame(mustJSON(t, testHeader(4, 4))), 4), want: ErrCtrunc},
+		{name: "2 fds, maxFDs 1", nfds: 2, maxFDs: 1, send: one(frame(mustJSON(t, testHeader(2, 2))), 2), want: ErrCtrunc},
 		{name: "fds with maxFDs 0", nfds: 1, maxFDs: 0, send: one(frame(mustJSON(t, oneFD)), 1), want: ErrCtrunc},
 	}
 	for _, tc := range tests {
