@@ -62,9 +62,13 @@ func (r *genResult) timings() timingsJSON {
 	return t
 }
 
-func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request)    { s.serveGen(w, r, routeNative) }
-func (s *Server) handleOAICompletion(w http.ResponseWriter, r *http.Request) { s.serveGen(w, r, routeText) }
-func (s *Server) handleOAIChat(w http.ResponseWriter, r *http.Request)      { s.serveGen(w, r, routeChat) }
+func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
+	s.serveGen(w, r, routeNative)
+}
+func (s *Server) handleOAICompletion(w http.ResponseWriter, r *http.Request) {
+	s.serveGen(w, r, routeText)
+}
+func (s *Server) handleOAIChat(w http.ResponseWriter, r *http.Request) { s.serveGen(w, r, routeChat) }
 
 // serveGen is every completion route: parse, wait for the slot, generate,
 // answer in the route's shape (streamed as SSE when asked).
