@@ -1,0 +1,494 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/onebitd/onebitd/event"
+)
+
+// Errors.
+var (
+	// ErrBadListen: --nats-listen is neither "off" nor host:port.
+	ErrBadListen = errors.New("bus: bad --nats-listen address")
+	// ErrNoStoreDir: JetStream on the embedded server needs a store directory.
+	ErrNoStoreDir = errors.New("bus: jetstream on the embedded server needs a store directory")
+	// ErrServerNotReady: the embedded server did not accept connections in time.
+	ErrServerNotReady = errors.New("bus: embedded nats server not ready for connections")
+	// ErrClosed: the bus was closed.
+	ErrClosed = errors.New("bus: closed")
+)
+
+// Defaults.
+const (
+	DefaultQueueSize = 8192
+	// DefaultReconnectBufSize is what nats.go keeps while reconnecting to an
+	// external server; publishes beyond it are dropped and counted.
+	DefaultReconnectBufSize = 4 << 20
+	// StreamName and StreamSubjects describe the JetStream stream (--jetstream).
+	StreamName     = "ONEBIT"
+	StreamSubjects = SubjectPrefix + ".>"
+
+	closeDrainTimeout = 2 * time.Second
+	setupTimeout      = 10 * time.Second
+	jsMaxPending      = 4096
+	jsAckTimeout      = 30 * time.Second
+	jsStallWait       = 100 * time.Millisecond
+	dropLogInterval   = time.Second
+	reconnectMin      = 50 * time.Millisecond
+	reconnectMax      = 5 * time.Second
+)
+
+// Attr keys of the bus's log lines.
+const (
+	logKeyComponent = "component"
+	logKeyServerLog = "nats_log"
+	logKeyURL       = "url"
+	logKeyError     = "error"
+	logKeyDropped   = "dropped_total"
+	logKeyStream    = "stream"
+	logKeyDelay     = "delay"
+)
+
+// Config says where events go. The zero value (plus a Node) runs an embedded
+// server listening on DefaultListen, without JetStream.
+type Config struct {
+	URLs      string // --nats-url: comma-separated; empty ⇒ embedded server
+	Listen    string // --nats-listen for the embedded server: host:port, "off", port 0/-1 = random
+	JetStream bool   // --jetstream: create or bind stream ONEBIT on "onebit.>"
+	StoreDir  string // JetStream store of the embedded server (under the state dir)
+	Node      string // this daemon's node name (subject token and Nats-Msg-Id prefix)
+	QueueSize int    // async publish queue; 0 ⇒ DefaultQueueSize
+	// ReconnectBufSize is nats.go's buffer while reconnecting (bytes);
+	// 0 ⇒ DefaultReconnectBufSize, -1 ⇒ no buffering (drop while down).
+	ReconnectBufSize int
+	Logger           *slog.Logger // nil ⇒ discard
+
+	noPublisher bool // tests: leave the queue unconsumed
+}
+
+// Stats are the bus's counters since Open.
+type Stats struct {
+	Published  uint64 // handed to the server (JetStream: acknowledged)
+	Dropped    uint64 // lost: queue full, reconnect buffer full, publish or ack error
+	Duplicates uint64 // JetStream acks that reported a duplicate Nats-Msg-Id
+	Queued     int    // waiting in the queue now
+	Buffered   int    // bytes nats.go holds while reconnecting (-1 if closed)
+	Reconnects uint64 // successful reconnects to an external server
+}
+
+// item is one queued message. The Nats-Msg-Id is built by the publisher,
+// off the request path.
+type item struct {
+	subject string
+	data    []byte
+	node    string // for Nats-Msg-Id; empty ⇒ no id (Publish)
+	request string
+	seq     uint64
+}
+
+// Bus publishes events on NATS without ever blocking its callers.
+type Bus struct {
+	cfg Config
+	log *slog.Logger
+	srv *server.Server // nil when connected to an external server
+	nc  *nats.Conn
+	js  jetstream.JetStream // nil without --jetstream
+
+	streamReady atomic.Bool
+	q           chan item
+	done        chan struct{} // closed by Close: publisher drains and exits
+	dropSignal  chan struct{} // wakes the reporter
+	wg          sync.WaitGroup
+	closed      atomic.Bool
+	closeOnce   sync.Once
+	closeErr    error
+
+	subjects sync.Map // to-state ⇒ subject, for cfg.Node
+
+	published, dropped, duplicates, reconnects atomic.Uint64
+	dropReported                               atomic.Uint64
+
+	boMu sync.Mutex
+	bo   *backoff.ExponentialBackOff
+}
+
+var _ event.Sink = (*Bus)(nil)
+
+// Open starts the embedded server (cfg.URLs empty) or connects to an
+// external one, sets up JetStream if asked, and starts the publisher. An
+// external server that is down does not fail Open: the connection keeps
+// retrying and events are buffered, then dropped and counted.
+func Open(ctx context.Context, cfg Config) (*Bus, error) {
+	if cfg.QueueSize <= 0 {
+		cfg.QueueSize = DefaultQueueSize
+	}
+	if cfg.ReconnectBufSize == 0 {
+		cfg.ReconnectBufSize = DefaultReconnectBufSize
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	b := &Bus{
+		cfg:        cfg,
+		log:        cfg.Logger.With(logKeyComponent, "bus"),
+		q:          make(chan item, cfg.QueueSize),
+		done:       make(chan struct{}),
+		dropSignal: make(chan struct{}, 1),
+	}
+	var err error
+	if cfg.URLs == "" {
+		if b.srv, err = startServer(&b.cfg); err != nil {
+			return nil, err
+		}
+		b.nc, err = nats.Connect("", append(b.natsOptions(), nats.InProcessServer(b.srv))...)
+		if err != nil {
+			b.shutdownServer()
+			return nil, fmt.Errorf("bus: connect in-process to the embedded server: %w", err)
+		}
+		b.log.Info("nats embedded server ready", logKeyURL, b.ClientURL())
+	} else {
+		b.bo = backoff.NewExponentialBackOff(
+			backoff.WithInitialInterval(reconnectMin),
+			backoff.WithMaxInterval(reconnectMax),
+			backoff.WithRandomizationFactor(0.5),
+			backoff.WithMaxElapsedTime(0))
+		opts := append(b.natsOptions(),
+			nats.MaxReconnects(-1),
+			nats.RetryOnFailedConnect(true),
+			nats.CustomReconnectDelay(b.reconnectDelay),
+			nats.ReconnectBufSize(cfg.ReconnectBufSize),
+			nats.ConnectHandler(func(nc *nats.Conn) {
+				b.log.Info("nats connected", logKeyURL, nc.ConnectedUrlRedacted())
+			}),
+		)
+		b.nc, err = nats.Connect(cfg.URLs, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("bus: connect to %s: %w", cfg.URLs, err)
+		}
+		if !b.nc.IsConnected() {
+			b.log.Warn("nats server unreachable, retrying in the background", logKeyURL, cfg.URLs)
+		}
+	}
+	if cfg.JetStream {
+		if err := b.setupJetStream(ctx); err != nil {
+			_ = b.Close()
+			return nil, err
+		}
+	}
+	b.wg.Add(1)
+	go b.reporter()
+	if !cfg.noPublisher {
+		b.wg.Add(1)
+		go b.publisher()
+	}
+	return b, nil
+}
+
+func (b *Bus) natsOptions() []nats.Option {
+	return []nats.Option{
+		nats.Name("onebitd " + b.cfg.Node),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if b.closed.Load() {
+				return
+			}
+			b.log.Warn("nats disconnected", logKeyError, err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			b.reconnects.Add(1)
+			b.boMu.Lock()
+			if b.bo != nil {
+				b.bo.Reset()
+			}
+			b.boMu.Unlock()
+			b.log.Info("nats reconnected", logKeyURL, nc.ConnectedUrlRedacted())
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			b.log.Warn("nats async error", logKeyError, err)
+		}),
+	}
+}
+
+// reconnectDelay is nats.go's CustomReconnectDelay: exponential with jitter,
+// capped at reconnectMax, reset on every successful reconnect.
+func (b *Bus) reconnectDelay(attempts int) time.Duration {
+	b.boMu.Lock()
+	defer b.boMu.Unlock()
+	d := b.bo.NextBackOff()
+	if d == backoff.Stop || d <= 0 {
+		d = reconnectMax
+	}
+	b.log.Debug("nats reconnect wait", logKeyDelay, d, "attempts", attempts)
+	return d
+}
+
+// Subject returns the subject e is published on: Subject(node, e.To) for a
+// request transition, else the decoder/event subject of e.Event.
+func (b *Bus) subjectOf(e *event.Event) string {
+	node := e.Node
+	if node == "" {
+		node = b.cfg.Node
+	}
+	if e.To == "" {
+		return eventSubject(node, e.Event)
+	}
+	if node != b.cfg.Node {
+		return Subject(node, e.To)
+	}
+	if s, ok := b.subjects.Load(e.To); ok {
+		return s.(string)
+	}
+	s := Subject(node, e.To)
+	b.subjects.Store(e.To, s)
+	return s
+}
+
+// Emit queues e for publishing. It never blocks: when the queue is full the
+// event is dropped and counted (and logged at most once per second, with the
+// running total, by another goroutine). It implements event.Sink.
+func (b *Bus) Emit(e *event.Event) {
+	if b.closed.Load() {
+		b.drop()
+		return
+	}
+	data, err := encode(e)
+	if err != nil { // cannot happen for event.Event; count it rather than lose it silently
+		b.drop()
+		return
+	}
+	node := e.Node
+	if node == "" {
+		node = b.cfg.Node
+	}
+	req := e.RequestID
+	if req == "" {
+		req = e.Boot
+	}
+	b.enqueue(item{subject: b.subjectOf(e), data: data, node: node, request: req, seq: e.Seq})
+}
+
+// Publish queues data for subject (an event that is not a handoff
+// transition); same non-blocking contract as Emit. The bus keeps data.
+func (b *Bus) Publish(subject string, data []byte) {
+	if b.closed.Load() {
+		b.drop()
+		return
+	}
+	b.enqueue(item{subject: subject, data: data})
+}
+
+func (b *Bus) enqueue(it item) {
+	select {
+	case b.q <- it:
+	default:
+		b.drop()
+	}
+}
+
+func (b *Bus) drop() {
+	b.dropped.Add(1)
+	select {
+	case b.dropSignal <- struct{}{}:
+	default:
+	}
+}
+
+// reporter logs drops, at most once per dropLogInterval, off the request path.
+func (b *Bus) reporter() {
+	defer b.wg.Done()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	<-t.C
+	for {
+		select {
+		case <-b.dropSignal:
+		case <-b.done:
+			return // Close logs the final total
+		}
+		b.reportDrops()
+		t.Reset(dropLogInterval)
+		select {
+		case <-t.C:
+		case <-b.done:
+			return
+		}
+	}
+}
+
+func (b *Bus) reportDrops() {
+	n := b.dropped.Load()
+	if old := b.dropReported.Swap(n); n != old {
+		b.log.Warn("nats events dropped", logKeyDropped, n)
+	}
+}
+
+// publisher takes items from the queue and hands them to nats.go until
+// Close, then drains what is left for at most closeDrainTimeout.
+func (b *Bus) publisher() {
+	defer b.wg.Done()
+	for {
+		select {
+		case it := <-b.q:
+			b.publish(it)
+		case <-b.done:
+			deadline := time.NewTimer(closeDrainTimeout)
+			defer deadline.Stop()
+			for {
+				select {
+				case it := <-b.q:
+					b.publish(it)
+				case <-deadline.C:
+					b.dropped.Add(uint64(len(b.q)))
+					return
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+func (b *Bus) publish(it item) {
+	if b.js != nil && b.streamReady.Load() {
+		m := &nats.Msg{Subject: it.subject, Data: it.data}
+		var opts []jetstream.PublishOpt
+		if it.node != "" {
+			opts = append(opts, jetstream.WithMsgID(msgID(it)), jetstream.WithStallWait(jsStallWait))
+		} else {
+			opts = append(opts, jetstream.WithStallWait(jsStallWait))
+		}
+		if _, err := b.js.PublishMsgAsync(m, opts...); err != nil {
+			b.drop()
+			b.log.Debug("jetstream publish failed", logKeyError, err)
+		}
+		return
+	}
+	if err := b.nc.Publish(it.subject, it.data); err != nil {
+		b.drop()
+		b.log.Debug("nats publish failed", logKeyError, err)
+		return
+	}
+	b.published.Add(1)
+}
+
+// msgID is the Nats-Msg-Id of an event: "<node>/<request>/<seq>" (the boot
+// id stands in for the request of a non-request event).
+func msgID(it item) string {
+	var sb strings.Builder
+	sb.Grow(len(it.node) + len(it.request) + 22)
+	sb.WriteString(it.node)
+	sb.WriteByte('/')
+	sb.WriteString(it.request)
+	sb.WriteByte('/')
+	sb.WriteString(strconv.FormatUint(it.seq, 10))
+	return sb.String()
+}
+
+// encode is the event's wire form (the same bytes as an event log line,
+// without the newline).
+func encode(e *event.Event) ([]byte, error) {
+	return json.Marshal(e)
+}
+
+// ClientURL is where `nats sub` and `onebitd watch` should connect: the
+// embedded server's listen address ("" when it does not listen), or the
+// configured URLs of an external server.
+func (b *Bus) ClientURL() string {
+	if b.srv == nil {
+		return b.cfg.URLs
+	}
+	if b.srv.Addr() == nil {
+		return ""
+	}
+	return b.srv.ClientURL()
+}
+
+// InProcessConn opens a new client connection to the bus's server:
+// in-process for the embedded server, else to the configured URLs. The
+// caller closes it.
+func (b *Bus) InProcessConn() (*nats.Conn, error) {
+	if b.closed.Load() {
+		return nil, ErrClosed
+	}
+	if b.srv != nil {
+		nc, err := nats.Connect("", nats.InProcessServer(b.srv), nats.Name("onebitd in-process"))
+		if err != nil {
+			return nil, fmt.Errorf("bus: in-process connection: %w", err)
+		}
+		return nc, nil
+	}
+	nc, err := nats.Connect(b.cfg.URLs, nats.Name("onebitd client"))
+	if err != nil {
+		return nil, fmt.Errorf("bus: connect to %s: %w", b.cfg.URLs, err)
+	}
+	return nc, nil
+}
+
+// Stats returns the counters.
+func (b *Bus) Stats() Stats {
+	s := Stats{
+		Published:  b.published.Load(),
+		Dropped:    b.dropped.Load(),
+		Duplicates: b.duplicates.Load(),
+		Queued:     len(b.q),
+		Reconnects: b.reconnects.Load(),
+	}
+	if n, err := b.nc.Buffered(); err == nil {
+		s.Buffered = n
+	} else {
+		s.Buffered = -1
+	}
+	return s
+}
+
+// Close drains the queue (bounded by closeDrainTimeout), flushes, closes the
+// connection and shuts the embedded server down. Events emitted after Close
+// are dropped and counted. Close is idempotent.
+func (b *Bus) Close() error {
+	b.closeOnce.Do(func() {
+		b.closed.Store(true)
+		close(b.done)
+		b.wg.Wait()
+		deadline := time.Now().Add(closeDrainTimeout)
+		if b.js != nil {
+			select {
+			case <-b.js.PublishAsyncComplete():
+			case <-time.After(time.Until(deadline)):
+				b.dropped.Add(uint64(b.js.PublishAsyncPending()))
+			}
+		}
+		if b.nc.IsConnected() {
+			if err := b.nc.FlushTimeout(max(time.Until(deadline), 10*time.Millisecond)); err != nil {
+				b.log.Warn("nats flush on close", logKeyError, err)
+			}
+		}
+		b.nc.Close()
+		b.shutdownServer()
+		if d := b.dropped.Load(); d > 0 {
+			b.log.Warn("nats bus closed with drops", logKeyDropped, d)
+		}
+	})
+	return b.closeErr
+}
+
+func (b *Bus) shutdownServer() {
+	if b.srv == nil {
+		return
+	}
+	b.srv.Shutdown()
+	b.srv.WaitForShutdown()
+}

@@ -1,0 +1,43 @@
+// Package bus publishes handoff events on NATS (DESIGN §5).
+//
+// By default the daemon embeds a nats-server (its log through log/slog)
+// listening on 127.0.0.1:4222, so that `nats sub 'onebit.>'` and
+// `onebitd watch` work out of the box; the bus itself talks to it
+// in-process. With --nats-url it connects to an external server or cluster
+// instead, retrying forever with exponential backoff (jitter, capped at 5s);
+// the daemon starts even when that server is down.
+//
+// # Subjects
+//
+//	onebit.<node>.handoff.<to-state>   a request transition (Emit)
+//	onebit.<node>.decoder.<what>       decoder lifecycle events ("decoder.ready")
+//
+// Node and state are sanitised into single subject tokens (Token).
+// Dashboards subscribe to "onebit.>", or "onebit.*.handoff.fallback" for
+// failures only.
+//
+// # Payload
+//
+// One JSON object per message, the event.Event: the same bytes as one line of
+// the event log, without the newline.
+//
+// # Never blocking
+//
+// Emit and Publish encode the event and put it in a bounded queue
+// (Config.QueueSize); a publisher goroutine takes it from there. A full queue
+// drops the event; while an external server is down nats.go buffers up to
+// Config.ReconnectBufSize bytes, beyond which events are dropped too. Every
+// drop is counted (Stats.Dropped) and logged at most once per second with
+// the running total. The event log, written before the bus, stays complete.
+//
+// # JetStream
+//
+// With --jetstream the bus binds the stream ONEBIT, or creates it on
+// "onebit.>" with file storage (in the state dir for the embedded server),
+// and publishes asynchronously with a bounded window of unacknowledged
+// messages. Every event carries the header Nats-Msg-Id
+// "<node>/<request>/<seq>" (the boot id stands in for the request of a
+// non-request event), so the server drops a duplicate resent within its
+// duplicate window. StreamEvents reads the stream back for
+// `onebitd replay --stream`.
+package bus

@@ -1,0 +1,206 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/onebitd/onebitd/event"
+)
+
+// setupJetStream creates the async publisher and creates or binds the
+// stream. On the embedded server a failure fails Open; on an external server
+// that is unreachable the stream is set up in the background once it is
+// reachable, and events are published on core NATS (live subscribers only)
+// until then.
+func (b *Bus) setupJetStream(ctx context.Context) error {
+	js, err := jetstream.New(b.nc,
+		jetstream.WithPublishAsyncMaxPending(jsMaxPending),
+		jetstream.WithPublishAsyncTimeout(jsAckTimeout),
+		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, err error) {
+			b.drop()
+			b.log.Debug("jetstream publish not acknowledged", logKeyError, err, "subject", m.Subject)
+		}),
+		jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, _ *nats.Msg, ack *jetstream.PubAck) {
+			if ack.Duplicate {
+				b.duplicates.Add(1)
+				return
+			}
+			b.published.Add(1)
+		}),
+	)
+	if err != nil {
+		return fmt.Errorf("bus: jetstream: %w", err)
+	}
+	b.js = js
+	if b.srv != nil || b.nc.IsConnected() {
+		sctx, cancel := context.WithTimeout(ctx, setupTimeout)
+		err := b.ensureStream(sctx)
+		cancel()
+		if err == nil {
+			b.streamReady.Store(true)
+			return nil
+		}
+		if b.srv != nil {
+			return err
+		}
+		b.log.Warn("jetstream stream setup failed, retrying in the background", logKeyStream, StreamName, logKeyError, err)
+	}
+	b.wg.Add(1)
+	go b.retryStream()
+	return nil
+}
+
+// retryStream sets the stream up once the external server can, with backoff.
+func (b *Bus) retryStream() {
+	defer b.wg.Done()
+	bo := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(reconnectMin),
+		backoff.WithMaxInterval(reconnectMax),
+		backoff.WithMaxElapsedTime(0))
+	t := time.NewTimer(bo.NextBackOff())
+	defer t.Stop()
+	for {
+		select {
+		case <-b.done:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+		err := b.ensureStream(ctx)
+		cancel()
+		if err == nil {
+			b.streamReady.Store(true)
+			b.log.Info("jetstream stream ready", logKeyStream, StreamName)
+			return
+		}
+		b.log.Debug("jetstream stream setup failed", logKeyStream, StreamName, logKeyError, err)
+		t.Reset(bo.NextBackOff())
+	}
+}
+
+// ensureStream binds the stream ONEBIT if it exists (its configuration is
+// left to whoever made it, e.g. replicas on a cluster) or creates it on
+// "onebit.>" with file storage.
+func (b *Bus) ensureStream(ctx context.Context) error {
+	s, err := b.js.Stream(ctx, StreamName)
+	if err == nil {
+		if subj := s.CachedInfo().Config.Subjects; !slices.Contains(subj, StreamSubjects) {
+			b.log.Warn("jetstream stream exists without onebit.>: some events will not be stored",
+				logKeyStream, StreamName, "subjects", subj)
+		}
+		return nil
+	}
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("bus: look up stream %s: %w", StreamName, err)
+	}
+	_, err = b.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:        StreamName,
+		Description: "onebitd handoff events",
+		Subjects:    []string{StreamSubjects},
+		Storage:     jetstream.FileStorage,
+	})
+	if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return fmt.Errorf("bus: create stream %s on %s: %w", StreamName, StreamSubjects, err)
+	}
+	return nil
+}
+
+// streamFetchBatch and streamFetchWait bound one pull of StreamEvents.
+const (
+	streamFetchBatch = 512
+	streamFetchWait  = 5 * time.Second
+)
+
+// StreamEvents reads stream from its first message to the last one present
+// when it is called (an ordered consumer, nothing acknowledged or left
+// behind on the server), decoding each payload as an event. A payload that
+// is not an event yields a non-nil error naming its stream sequence, and
+// iteration goes on if the consumer wants; a connection or consumer error
+// ends it.
+func StreamEvents(ctx context.Context, urls, stream string) func(yield func(event.Event, error) bool) {
+	return func(yield func(event.Event, error) bool) {
+		nc, err := nats.Connect(urls, nats.Name("onebitd replay"))
+		if err != nil {
+			yield(event.Event{}, fmt.Errorf("bus: connect to %s: %w", urls, err))
+			return
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			yield(event.Event{}, fmt.Errorf("bus: jetstream: %w", err))
+			return
+		}
+		s, err := js.Stream(ctx, stream)
+		if err != nil {
+			yield(event.Event{}, fmt.Errorf("bus: stream %s on %s: %w", stream, urls, err))
+			return
+		}
+		last := s.CachedInfo().State.LastSeq
+		if s.CachedInfo().State.Msgs == 0 {
+			return
+		}
+		cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		if err != nil {
+			yield(event.Event{}, fmt.Errorf("bus: ordered consumer on %s: %w", stream, err))
+			return
+		}
+		for {
+			bctx, cancel := context.WithTimeout(ctx, streamFetchWait)
+			batch, err := cons.Fetch(streamFetchBatch, jetstream.FetchContext(bctx))
+			if err != nil {
+				cancel()
+				yield(event.Event{}, fmt.Errorf("bus: fetch from %s: %w", stream, err))
+				return
+			}
+			n := 0
+			for m := range batch.Messages() {
+				n++
+				meta, err := m.Metadata()
+				if err != nil {
+					cancel()
+					yield(event.Event{}, fmt.Errorf("bus: message metadata from %s: %w", stream, err))
+					return
+				}
+				var e event.Event
+				if err := json.Unmarshal(m.Data(), &e); err != nil {
+					err = fmt.Errorf("bus: %s message %d on %s is not an event: %w", stream, meta.Sequence.Stream, m.Subject(), err)
+					if !yield(event.Event{}, err) {
+						cancel()
+						return
+					}
+				} else if !yield(e, nil) {
+					cancel()
+					return
+				}
+				if meta.Sequence.Stream >= last {
+					cancel()
+					return
+				}
+			}
+			err = batch.Error()
+			cancel()
+			if ctx.Err() != nil {
+				yield(event.Event{}, fmt.Errorf("bus: read %s: %w", stream, ctx.Err()))
+				return
+			}
+			if n == 0 {
+				// Messages up to last were removed (limits, purge) while
+				// reading: what was there has been read.
+				if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
+					yield(event.Event{}, fmt.Errorf("bus: fetch from %s: %w", stream, err))
+				}
+				return
+			}
+		}
+	}
+}

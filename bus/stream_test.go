@@ -1,0 +1,189 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/onebitd/onebitd/event"
+)
+
+func streamInfo(t *testing.T, nc *nats.Conn) *jetstream.StreamInfo {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(context.Background(), StreamName)
+	if err != nil {
+		t.Fatalf("stream %s: %v", StreamName, err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
+
+func readAll(t *testing.T, url, stream string) ([]event.Event, []error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var evs []event.Event
+	var errs []error
+	for e, err := range StreamEvents(ctx, url, stream) {
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		evs = append(evs, e)
+	}
+	return evs, errs
+}
+
+func TestJetStreamEmbedded(t *testing.T) {
+	b := openBus(t, Config{Listen: "127.0.0.1:0", JetStream: true, StoreDir: t.TempDir()})
+	nc, err := b.InProcessConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+
+	info := streamInfo(t, nc)
+	if info.Config.Storage != jetstream.FileStorage || len(info.Config.Subjects) != 1 || info.Config.Subjects[0] != StreamSubjects {
+		t.Fatalf("stream config %+v", info.Config)
+	}
+
+	const n = 300
+	want := make([]*event.Event, n)
+	for i := range n {
+		want[i] = testEvent("node-a", "boot1", i)
+		b.Emit(want[i])
+	}
+	waitFor(t, 10*time.Second, "acks", func() bool { return b.Stats().Published == n })
+
+	// Each message carries Nats-Msg-Id <node>/<request>/<seq>.
+	js, _ := jetstream.New(nc)
+	s, _ := js.Stream(context.Background(), StreamName)
+	for _, seq := range []uint64{1, 7, n} {
+		m, err := s.GetMsg(context.Background(), seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := want[seq-1]
+		if got, w := m.Header.Get(nats.MsgIdHdr), fmt.Sprintf("node-a/%s/%d", e.RequestID, e.Seq); got != w {
+			t.Errorf("message %d Nats-Msg-Id %q, want %q", seq, got, w)
+		}
+	}
+
+	// Re-sending the same events (same ids) stores nothing new.
+	for i := range 10 {
+		b.Emit(want[i])
+	}
+	waitFor(t, 10*time.Second, "duplicate acks", func() bool { return b.Stats().Duplicates == 10 })
+	if got := streamInfo(t, nc).State.Msgs; got != n {
+		t.Fatalf("stream holds %d messages after duplicates, want %d", got, n)
+	}
+
+	got, errs := readAll(t, b.ClientURL(), StreamName)
+	if len(errs) != 0 {
+		t.Fatalf("StreamEvents errors: %v", errs)
+	}
+	if len(got) != n {
+		t.Fatalf("StreamEvents read %d events, want %d", len(got), n)
+	}
+	for i := range got {
+		if g, w := mustJSON(t, &got[i]), mustJSON(t, want[i]); g != w {
+			t.Fatalf("event %d:\n got %s\nwant %s", i, g, w)
+		}
+	}
+	if s := b.Stats(); s.Dropped != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+func TestJetStreamSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	b := openBus(t, Config{Listen: ListenOff, JetStream: true, StoreDir: dir})
+	for i := range 20 {
+		b.Emit(testEvent("node-a", "boot1", i))
+	}
+	waitFor(t, 10*time.Second, "acks", func() bool { return b.Stats().Published == 20 })
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Same store: the stream is bound, not recreated.
+	b2 := openBus(t, Config{Listen: "127.0.0.1:0", JetStream: true, StoreDir: dir})
+	for i := range 5 {
+		b2.Emit(testEvent("node-a", "boot2", i))
+	}
+	waitFor(t, 10*time.Second, "acks", func() bool { return b2.Stats().Published == 5 })
+	got, errs := readAll(t, b2.ClientURL(), StreamName)
+	if len(errs) != 0 || len(got) != 25 {
+		t.Fatalf("read %d events (errors %v), want 25", len(got), errs)
+	}
+	if got[0].Boot != "boot1" || got[24].Boot != "boot2" {
+		t.Fatalf("order: first boot %q, last boot %q", got[0].Boot, got[24].Boot)
+	}
+}
+
+func TestStreamEventsEdges(t *testing.T) {
+	b := openBus(t, Config{Listen: "127.0.0.1:0", JetStream: true, StoreDir: t.TempDir()})
+
+	// Empty stream: nothing, no error.
+	if got, errs := readAll(t, b.ClientURL(), StreamName); len(got) != 0 || len(errs) != 0 {
+		t.Fatalf("empty stream: %d events, errors %v", len(got), errs)
+	}
+	// Unknown stream: one error.
+	_, errs := readAll(t, b.ClientURL(), "NOPE")
+	if len(errs) != 1 || !errors.Is(errs[0], jetstream.ErrStreamNotFound) {
+		t.Fatalf("unknown stream: errors %v", errs)
+	}
+	// A payload that is not an event is reported, the rest still read.
+	b.Emit(testEvent("node-a", "boot1", 0))
+	b.Publish("onebit.node-a.junk", []byte("not json"))
+	b.Emit(testEvent("node-a", "boot1", 1))
+	waitFor(t, 10*time.Second, "acks", func() bool { return b.Stats().Published == 3 })
+	got, errs := readAll(t, b.ClientURL(), StreamName)
+	if len(got) != 2 || len(errs) != 1 {
+		t.Fatalf("mixed stream: %d events, errors %v; want 2 and 1", len(got), errs)
+	}
+	// Stopping early works and leaves nothing behind.
+	for range StreamEvents(context.Background(), b.ClientURL(), StreamName) {
+		break
+	}
+	// Unreachable server: one error.
+	_, errs = readAll(t, "nats://127.0.0.1:1", StreamName)
+	if len(errs) != 1 {
+		t.Fatalf("unreachable: errors %v", errs)
+	}
+}
+
+func TestJetStreamExternalDownAtStart(t *testing.T) {
+	ext := startNATS(t, -1, true)
+	url := ext.ClientURL()
+	port := ext.Addr().(*net.TCPAddr).Port
+	ext.Shutdown()
+	ext.WaitForShutdown()
+
+	b := openBus(t, Config{URLs: url, JetStream: true})
+	if b.streamReady.Load() {
+		t.Fatal("stream ready while the server is down")
+	}
+	startNATS(t, port, true)
+	waitFor(t, 20*time.Second, "stream set up in the background", b.streamReady.Load)
+	for i := range 10 {
+		b.Emit(testEvent("node-a", "boot1", i))
+	}
+	waitFor(t, 10*time.Second, "acks", func() bool { return b.Stats().Published == 10 })
+	got, errs := readAll(t, url, StreamName)
+	if len(got) != 10 || len(errs) != 0 {
+		t.Fatalf("read %d events, errors %v", len(got), errs)
+	}
+}
