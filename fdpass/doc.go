@@ -71,10 +71,12 @@
 //     ErrHeaderTooLarge; both are reported from the prefix alone, without
 //     reading the header;
 //   - at most maxFDs fds (the Receive argument, at most MaxFDs = 253, the
-//     kernel's SCM_MAX_FD). The control buffer is sized for maxFDs; when the
+//     kernel's SCM_MAX_FD). The control buffer is CMSG_LEN(4*maxFDs) bytes,
+//     not CMSG_SPACE: with an odd maxFDs the alignment padding of CMSG_SPACE
+//     holds one more fd, which would arrive without MSG_CTRUNC. When the
 //     decoder sends more, the kernel keeps what fits, closes the rest, sets
 //     MSG_CTRUNC, and reports no error: Receive checks the flag and returns
-//     ErrCtrunc.
+//     ErrCtrunc (and, as a guard, also when more than maxFDs arrived).
 //
 // # Errors
 //

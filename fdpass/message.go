@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 )
 
@@ -52,27 +53,28 @@ func checkLength(n uint32) error {
 }
 
 // decodeHeader parses raw (the JSON after the length prefix) and validates it
-// against nfds passed fds. The version is checked before the shape, so that a
-// newer decoder's header is reported as a version mismatch, not as bad JSON.
-// Unknown fields are refused (a misspelt "fd_index" must not read as 0); data
-// after the object is refused by the first pass.
+// against nfds passed fds. Unknown fields are refused (a misspelt "fd_index"
+// must not read as 0), and so is data after the object. When the strict
+// decode fails, a lenient look at "version" decides whether to report
+// ErrVersion instead: a newer decoder's header is a version mismatch, not bad
+// JSON.
 func decodeHeader(raw []byte, nfds int) (Header, error) {
-	var v struct {
-		Version *int `json:"version"`
-	}
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return Header{}, fmt.Errorf("%w: %w", ErrBadHeader, err)
-	}
-	if v.Version == nil {
-		return Header{}, fmt.Errorf("%w: no version field", ErrBadHeader)
-	}
-	if *v.Version != HeaderVersion {
-		return Header{}, fmt.Errorf("%w: got version %d, want %d", ErrVersion, *v.Version, HeaderVersion)
-	}
 	var h Header
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&h); err != nil {
+	err := dec.Decode(&h)
+	if err == nil {
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = fmt.Errorf("data after the JSON object")
+		}
+	}
+	if err != nil {
+		var v struct {
+			Version *int `json:"version"`
+		}
+		if json.Unmarshal(raw, &v) == nil && v.Version != nil && *v.Version != HeaderVersion {
+			return Header{}, fmt.Errorf("%w: got version %d, want %d", ErrVersion, *v.Version, HeaderVersion)
+		}
 		return Header{}, fmt.Errorf("%w: %w", ErrBadHeader, err)
 	}
 	if err := h.Validate(nfds); err != nil {
