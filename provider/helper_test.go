@@ -25,7 +25,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) == "1" && len(os.Args) > 1 && os.Args[1] == "-helper" {
 		os.Exit(helperMain(os.Args[1:]))
 	}
-	os.Setenv(helperEnv, "1") // inherited by the providers the tests start
+	os.Setenv(helperEnv, "1")                // inherited by the providers the tests start
 	os.Setenv("GORACE", "atexit_sleep_ms=0") // a -race child otherwise sleeps 1s on exit 0
 	if err := CloseOnExecInherited(); err != nil {
 		fmt.Fprintln(os.Stderr, err)

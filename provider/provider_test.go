@@ -224,7 +224,6 @@ func TestRunSharedPassesExactlyTheFDs(t *testing.T) {
 	}
 }
 
-
 // captureHandler records log records.
 type captureHandler struct {
 	mu   sync.Mutex
