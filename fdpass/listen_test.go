@@ -398,3 +398,29 @@ func TestChildSender(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseUnblocksAccept: the handoff closes the listener from another
+// goroutine to stop a pending Accept.
+func TestCloseUnblocksAccept(t *testing.T) {
+	l, err := Listen(t.TempDir(), "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		c, err := l.Accept(time.Time{})
+		if c != nil {
+			c.Close()
+		}
+		done <- err
+	}()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept after a concurrent Close = %v, want net.ErrClosed", err)
+	}
+	if _, err := os.Lstat(l.Path()); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("socket file after Close: %v", err)
+	}
+}
