@@ -1,0 +1,61 @@
+// Command onebit-prefill is onebitd's file-route provider backed by a second
+// llama-server, the prefill server: disaggregated prefill on two
+// llama-servers over a shared directory (see internal/prefill and
+// docs/llama-server.md).
+//
+//	onebit-prefill --prefill-url URL [--slot N] [--timeout D] \
+//	    --tokens FILE --model GGUF --state /dir/STEM.bin
+//
+// The prefill server must load the same model as the decoder and run with
+// --slot-save-path equal to dirname(--state) (onebitd's --slot-dir). onebitd
+// passes --prefill-url and --slot with --provider-arg. Exit status: 0 when
+// the state file is complete, 1 on failure, 2 on bad usage or a model
+// mismatch; the last stderr line says why.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/onebitd/onebitd/internal/prefill"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
+
+func run(args []string, stderr io.Writer) int {
+	var cfg prefill.Config
+	fs := flag.NewFlagSet("onebit-prefill", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.PrefillURL, "prefill-url", "", "base URL of the prefill llama-server (required)")
+	fs.IntVar(&cfg.Slot, "slot", 0, "slot of the prefill server to evaluate the prompt in")
+	fs.DurationVar(&cfg.Timeout, "timeout", prefill.DefaultTimeout, "time limit of the whole run")
+	fs.StringVar(&cfg.TokensPath, "tokens", "", "JSON array of the prompt's token ids (required)")
+	fs.StringVar(&cfg.Model, "model", "", "model GGUF; its file name must match the prefill server's model (required)")
+	fs.StringVar(&cfg.StatePath, "state", "", "state file to produce, in the prefill server's --slot-save-path (required)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "onebit-prefill: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	res, err := prefill.Run(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "onebit-prefill: %v\n", err)
+		return prefill.ExitCode(err)
+	}
+	fmt.Fprintf(stderr, "onebit-prefill: saved %d tokens (%d evaluated, %d bytes) to %s\n",
+		res.NSaved, res.PromptN, res.NWritten, cfg.StatePath)
+	return 0
+}
