@@ -1,0 +1,147 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/onebitd/onebitd/fdpass"
+)
+
+func init() {
+	// reshare: prefill like the sim provider, then share the slot again
+	// behind onebitd's back, so that the share_id onebitd holds is no longer
+	// the slot's last one and the decoder must refuse the adopt.
+	providerModes["reshare"] = func(args []string) int {
+		cmd := exec.Command(bins.prov, args...)
+		if p := os.Getenv("E2E_PROVIDER_BIN"); p != "" {
+			cmd = exec.Command(p, args...)
+		}
+		for fd := 3; ; fd++ {
+			f := os.NewFile(uintptr(fd), fmt.Sprintf("fd%d", fd))
+			if _, err := f.Stat(); err != nil {
+				break
+			}
+			cmd.ExtraFiles = append(cmd.ExtraFiles, f)
+		}
+		cmd.Stderr = os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "inner provider:", err)
+			return 1
+		}
+		dir, err := os.MkdirTemp("", "reshare")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		l, err := fdpass.Listen(dir, "x")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer l.Close()
+		go func() {
+			c, err := l.Accept(time.Now().Add(5 * time.Second))
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			if m, err := c.Receive(time.Now().Add(5*time.Second), 256); err == nil {
+				m.Close()
+			}
+		}()
+		body, _ := json.Marshal(map[string]string{"socket": l.Path()})
+		resp, err := http.Post(os.Getenv("E2E_SIM_URL")+"/slots/0?action=share", "application/json", bytes.NewReader(body))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		resp.Body.Close()
+		return 0
+	}
+}
+
+// TestFallbacks: every way a handoff can fail gives the plain route's text,
+// X-Onebit-Route: fallback, exactly one reason naming the failure, and
+// leaves nothing behind.
+func TestFallbacks(t *testing.T) {
+	plain := newEnv(t, envOpts{})
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		opts   envOpts
+		step   string
+		reason string
+	}{
+		{"provider exits 1", envOpts{share: true, provider: true, onebitArgs: []string{"--provider-arg=--fail"}}, "provider", "simulated failure"},
+		{"provider exits 1 (file route)", envOpts{provider: true, onebitArgs: []string{"--provider-arg=--fail"}}, "provider", "simulated failure"},
+		{"provider hangs", envOpts{share: true, provider: true, onebitArgs: []string{"--provider-arg=--hang", "--provider-timeout=1s"}}, "provider", "timed out"},
+		{"provider hangs (file route)", envOpts{provider: true, onebitArgs: []string{"--provider-arg=--hang", "--provider-timeout=1s"}}, "provider", "timed out"},
+		{"provider writes then fails", envOpts{share: true, provider: true, onebitArgs: []string{"--provider-arg=--write-then-fail"}}, "provider", "after writing"},
+		{"decoder answers 501", envOpts{share: true, provider: true, simArgs: []string{"--recurrent"}}, "share", "no shareable region"},
+		{"layout mismatch", envOpts{share: true, provider: true, simModel: modelFile(t, "b")}, "provider", "layout hash mismatch"},
+		{"state for another model (file route)", envOpts{provider: true, simModel: modelFile(t, "b")}, "restore", "Unable to restore"},
+		{"more fds than accepted", envOpts{share: true, provider: true, simArgs: []string{"-c", "2048", "--n-layer", "40", "--cell-size", "163840", "--chunk-size", "4096"}}, "receive", "MSG_CTRUNC"},
+		{"share_id refused", envOpts{share: true, providerBin: self, env: []string{"GO_WANT_HELPER_PROCESS=1", "E2E_PROVIDER_MODE=reshare"}}, "adopt", "share_id"},
+	}
+	text := prompt(11, 300)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.opts.onebitArgs = append(tc.opts.onebitArgs, "--log-level=debug")
+			e := newEnv(t, tc.opts)
+			base, _ := fdSnapshot(t, e.onebit.PID())
+			for _, ep := range entries {
+				for _, stream := range []bool{false, true} {
+					want := complete(t, plain.onebitURL, ep, stream, text, nPredict)
+					got := complete(t, e.onebitURL, ep, stream, text, nPredict)
+					if got.status != 200 || got.route != "fallback" {
+						t.Fatalf("%s stream=%v: status %d route %q body %s\nlog:\n%s", ep, stream, got.status, got.route, tail(got.body), tail(e.onebit.Logs()))
+					}
+					if got.text != want.text {
+						t.Fatalf("%s: fallback text %q, plain %q", ep, got.text, want.text)
+					}
+					checkOneReason(t, e, got.reqID, tc.step, tc.reason)
+				}
+			}
+			assertClean(t, e, base)
+		})
+	}
+}
+
+// checkOneReason: the request fell back exactly once, at step, with a reason
+// containing reason.
+func checkOneReason(t *testing.T, e *env, reqID, step, reason string) {
+	t.Helper()
+	var n int
+	waitFor(t, 5*time.Second, "transition lines", func() bool {
+		n = 0
+		for _, l := range logLines(e.onebit, "transition") {
+			if l["request_id"] == reqID && l["to"] == "done" {
+				n++
+			}
+		}
+		return n == 1
+	})
+	var reasons []string
+	for _, l := range logLines(e.onebit, "handoff fell back") {
+		if l["request_id"] == reqID {
+			reasons = append(reasons, fmt.Sprint(l["reason"]))
+			if l["step"] != step {
+				t.Errorf("step %v, want %s (reason %v)", l["step"], step, l["reason"])
+			}
+		}
+	}
+	if len(reasons) != 1 || !strings.Contains(reasons[0], reason) {
+		t.Fatalf("request %s: fallback reasons %q, want exactly one containing %q", reqID, reasons, reason)
+	}
+}

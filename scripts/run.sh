@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# make run: onebitd on the shared route with embedded NATS.
+#   LLAMA_SERVER=/path/to/llama-server MODEL=/path/model.gguf make run   # a real decoder (file route)
+#   make run                                                             # the bundled decoder simulator
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STATE=${STATE:-./onebitd-state}
+LISTEN=${LISTEN:-127.0.0.1:8080}
+mkdir -p "$STATE/slots"
+if [ -n "${LLAMA_SERVER:-}" ]; then
+  : "${MODEL:?set MODEL to the GGUF that llama-server should load}"
+  echo "onebitd: launching llama-server $LLAMA_SERVER with $MODEL (file route through bin/onebit-provider-sim is for the simulator only: plain route)" >&2
+  exec bin/onebitd serve --listen "$LISTEN" --state-dir "$STATE" --model "$MODEL" \
+    --decoder-bin "$LLAMA_SERVER" -- -c "${CTX:-8192}"
+fi
+MODEL=examples/sim-model.gguf
+echo "onebitd: no LLAMA_SERVER given: using the bundled decoder simulator (bin/onebit-decoder-sim, a deterministic stand-in, not a language model)" >&2
+echo "onebitd: shared route (--kv-share) with the sim provider; send a request with:" >&2
+echo "  curl -s http://$LISTEN/completion -d '{\"prompt\": \"the cache of the decoder\", \"n_predict\": 8}' -D - " >&2
+exec bin/onebitd serve --listen "$LISTEN" --state-dir "$STATE" --model "$MODEL" \
+  --provider bin/onebit-provider-sim --kv-share --slots 4 \
+  --decoder-bin bin/onebit-decoder-sim -- -c 8192
