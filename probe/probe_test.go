@@ -130,9 +130,9 @@ func TestProbe(t *testing.T) {
 			want: want{CheckRecurrent: NotSupported}, wantOK: true,
 		},
 		{
-			name: "lax share_id",
-			url:  func(t *testing.T) (string, string) { return decoderSim(t, true, "--lax-share-id") },
-			want: want{CheckNoShareID: Fail, CheckOlder: Fail, CheckReused: Fail, CheckRecurrent: NotSupported},
+			name:     "lax share_id",
+			url:      func(t *testing.T) (string, string) { return decoderSim(t, true, "--lax-share-id") },
+			want:     want{CheckNoShareID: Fail, CheckOlder: Fail, CheckReused: Fail, CheckRecurrent: NotSupported},
 			detailIn: map[string]string{CheckOlder: "ACCEPTED"},
 		},
 		{
