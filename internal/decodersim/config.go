@@ -69,11 +69,12 @@ func DefaultConfig() Config {
 
 // ParseArgs parses llama-server style arguments (both -x and --x spellings,
 // "--x v" and "--x=v") into a validated Config. An unknown flag or a stray
-// argument is an error naming it; -h gives flag.ErrHelp. Usage goes to out.
+// argument is an error naming it; -h prints the usage to out and returns
+// flag.ErrHelp.
 func ParseArgs(args []string, out io.Writer) (Config, error) {
 	c := DefaultConfig()
 	fs := flag.NewFlagSet("onebit-decoder-sim", flag.ContinueOnError)
-	fs.SetOutput(out)
+	fs.SetOutput(io.Discard) // errors are returned; usage only for -h
 	str := func(p *string, usage string, names ...string) {
 		for _, n := range names {
 			fs.StringVar(p, n, *p, usage)
@@ -109,6 +110,9 @@ func ParseArgs(args []string, out io.Writer) (Config, error) {
 	fs.BoolVar(&c.LaxShareID, "lax-share-id", false, "TEST SWITCH: adopt ignores share_id validity")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(out, "usage: onebit-decoder-sim -m MODEL [llama-server flags]\n")
+			fs.SetOutput(out)
+			fs.PrintDefaults()
 			return c, err
 		}
 		return c, fmt.Errorf("%w: %w", ErrConfig, err)
