@@ -140,7 +140,9 @@ func TestBinary(t *testing.T) {
 	}
 	var c struct {
 		Content string
-		Timings struct{ PromptN int `json:"prompt_n"` }
+		Timings struct {
+			PromptN int `json:"prompt_n"`
+		}
 	}
 	err = json.NewDecoder(resp.Body).Decode(&c)
 	resp.Body.Close()
