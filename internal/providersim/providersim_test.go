@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/onebitd/onebitd/fdpass"
@@ -258,6 +259,29 @@ func TestWriteShared(t *testing.T) {
 			}
 			checkShared(t, h, files, model, tokens)
 		}
+	}
+}
+
+// A region with strides larger than a page stays sparse: only the pages that
+// hold records are allocated.
+func TestWriteSharedStaysSparse(t *testing.T) {
+	_, model := writeModel(t, t.TempDir(), "a")
+	h, files := makeShare(t, model, geometry{nCtx: 256, nLayer: 2, stride: 16384, packed: true})
+	const n = 10
+	targets, err := Plan(&h, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteShared(files, targets, model, make([]int, n)); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := files[0].Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocated := fi.Sys().(*syscall.Stat_t).Blocks * 512
+	if limit := int64(2 * n * os.Getpagesize()); allocated > limit {
+		t.Fatalf("%d bytes allocated for %d records per region, want at most %d", allocated, n, limit)
 	}
 }
 
