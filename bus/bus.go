@@ -2,7 +2,6 @@ package bus
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -49,6 +48,7 @@ const (
 	jsAckTimeout      = 30 * time.Second
 	jsStallWait       = 100 * time.Millisecond
 	dropLogInterval   = time.Second
+	encodeBufSize     = 384 // a typical event fits: one allocation
 	reconnectMin      = 50 * time.Millisecond
 	reconnectMax      = 5 * time.Second
 )
@@ -265,11 +265,7 @@ func (b *Bus) Emit(e *event.Event) {
 		b.drop()
 		return
 	}
-	data, err := encode(e)
-	if err != nil { // cannot happen for event.Event; count it rather than lose it silently
-		b.drop()
-		return
-	}
+	data := e.AppendJSON(make([]byte, 0, encodeBufSize))
 	node := e.Node
 	if node == "" {
 		node = b.cfg.Node
@@ -396,12 +392,6 @@ func msgID(it item) string {
 	sb.WriteByte('/')
 	sb.WriteString(strconv.FormatUint(it.seq, 10))
 	return sb.String()
-}
-
-// encode is the event's wire form (the same bytes as an event log line,
-// without the newline).
-func encode(e *event.Event) ([]byte, error) {
-	return json.Marshal(e)
 }
 
 // ClientURL is where `nats sub` and `onebitd watch` should connect: the

@@ -2,7 +2,6 @@ package bus
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -171,8 +170,8 @@ func StreamEvents(ctx context.Context, urls, stream string) func(yield func(even
 					yield(event.Event{}, fmt.Errorf("bus: message metadata from %s: %w", stream, err))
 					return
 				}
-				var e event.Event
-				if err := json.Unmarshal(m.Data(), &e); err != nil {
+				e, err := event.Parse(m.Data())
+				if err != nil {
 					err = fmt.Errorf("bus: %s message %d on %s is not an event: %w", stream, meta.Sequence.Stream, m.Subject(), err)
 					if !yield(event.Event{}, err) {
 						cancel()
