@@ -45,6 +45,8 @@ func TestErrors(t *testing.T) {
 		{"completion bool in prompt", nil, "POST", "/completion", `{"prompt":[true]}`, 400, "invalid_request_error", errPromptShape + "…"},
 		{"completion too long", nil, "POST", "/completion", map[string]any{"prompt": long}, 400, "exceed_context_size_error",
 			"request (600 tokens) exceeds the available context size (512 tokens), try increasing it"},
+		{"completion fills the context", nil, "POST", "/completion", map[string]any{"prompt": long[:512]}, 400, "exceed_context_size_error",
+			"request (512 tokens) exceeds the available context size (512 tokens), try increasing it"},
 		{"completion bad id_slot", nil, "POST", "/completion", `{"prompt":"x","id_slot":1}`, 400, "invalid_request_error", "invalid id_slot 1…"},
 		{"completion bad stop", nil, "POST", "/completion", `{"prompt":"x","stop":5}`, 400, "invalid_request_error", `"stop" must be a string or an array of strings`},
 		{"completion bad n_predict", nil, "POST", "/completion", `{"prompt":"x","n_predict":"a"}`, 500, "server_error", "[json.exception.parse_error.101] parse error…"},
@@ -92,6 +94,7 @@ func TestErrors(t *testing.T) {
 		{"adopt null share_id", nil, "POST", "/slots/0?action=adopt", `{"tokens":[1],"share_id":null}`, 400, "invalid_request_error", "share_id is required"},
 		{"adopt bad share_id", nil, "POST", "/slots/0?action=adopt", `{"tokens":[1],"share_id":"x"}`, 400, "invalid_request_error", `share_id must be a positive integer, got "x"`},
 		{"adopt never shared", nil, "POST", "/slots/0?action=adopt", `{"tokens":[1],"share_id":1}`, 400, "invalid_request_error", "share_id 1 is not the last share of slot 0 (last: none)"},
+		{"adopt layout mismatch", nil, "POST", "/slots/0?action=adopt", `{"tokens":[1],"share_id":1,"layout_hash":"0123"}`, 400, "invalid_request_error", `layout_hash "0123" does not match this decoder's layout …`},
 		{"adopt too long", nil, "POST", "/slots/0?action=adopt", map[string]any{"tokens": long, "share_id": 1}, 400, "exceed_context_size_error", "request (600 tokens) exceeds…"},
 
 		{"save without save path", noSave, "POST", "/slots/0?action=save", `{"filename":"a"}`, 501, "not_supported_error", notSupportedSlots},

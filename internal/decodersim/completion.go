@@ -33,6 +33,7 @@ type genRequest struct {
 	Stream              bool            `json:"stream"`
 	Stop                json.RawMessage `json:"stop"`
 	Model               string          `json:"model"`
+	ReturnTokens        bool            `json:"return_tokens"`
 }
 
 // timingsJSON is llama-server's timings object.
@@ -91,7 +92,8 @@ func (s *Server) serveGen(w http.ResponseWriter, r *http.Request, rt route) {
 		writeError(w, apiErr(errInvalidRequest, "invalid id_slot %d: the server has %d slots", want, s.cfg.NParallel))
 		return
 	}
-	if len(p.prompt) > s.kv.slotCells {
+	// Like upstream without context shift: the prompt must leave a cell free.
+	if len(p.prompt) >= s.kv.slotCells {
 		writeError(w, exceedContext(len(p.prompt), s.kv.slotCells))
 		return
 	}
@@ -106,7 +108,7 @@ func (s *Server) serveGen(w http.ResponseWriter, r *http.Request, rt route) {
 		model = s.cfg.ModelPath
 	}
 	out := &genWriter{w: w, rt: rt, model: model, stream: req.Stream, id: "chatcmpl-" + rand.Text(), created: time.Now().Unix(),
-		slot: sl, nPrompt: len(p.prompt)}
+		slot: sl, nPrompt: len(p.prompt), returnTokens: req.ReturnTokens}
 	res, err := s.generate(r.Context(), sl, p, out.partial)
 	if err != nil {
 		if out.started && !errors.Is(err, errClientGone) && r.Context().Err() == nil {
@@ -159,6 +161,16 @@ type genWriter struct {
 	started bool // SSE headers and at least one event sent
 	slot    *slot
 	nPrompt int
+	// returnTokens fills the native routes' "tokens" fields (upstream's
+	// return_tokens; without it they stay empty).
+	returnTokens bool
+}
+
+func (g *genWriter) tokens(t []int) []int {
+	if !g.returnTokens {
+		return []int{}
+	}
+	return nonNil(t)
 }
 
 // sse writes one "data: <json>\n\n" event and flushes.
@@ -205,7 +217,7 @@ func (g *genWriter) partial(text string, tok int) error {
 	}
 	switch g.rt {
 	case routeNative:
-		return g.sse(nativePartial{Content: text, Tokens: []int{tok}, IDSlot: g.slot.id,
+		return g.sse(nativePartial{Content: text, Tokens: g.tokens([]int{tok}), IDSlot: g.slot.id,
 			TokensPredicted: int(g.slot.nDecoded.Load()), TokensEvaluated: g.nPrompt})
 	case routeText:
 		return g.sse(g.oaiText(text, nil))
@@ -339,7 +351,7 @@ func (g *genWriter) final(r *genResult, prompt []int) {
 	switch g.rt {
 	case routeNative:
 		f := nativeFinal{
-			Content: r.content, Tokens: nonNil(r.tokens), IDSlot: r.slot, Stop: true, Model: g.model,
+			Content: r.content, Tokens: g.tokens(r.tokens), IDSlot: r.slot, Stop: true, Model: g.model,
 			TokensPredicted: len(r.tokens), TokensEvaluated: r.nPrompt,
 			GenerationSettings: map[string]any{"n_predict": -1, "temperature": 0.8, "samplers": []string{"greedy"}},
 			Prompt:             simkv.Detokenize(prompt), Truncated: r.truncated,

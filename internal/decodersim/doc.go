@@ -45,7 +45,8 @@
 // be written by others) and the slot remembers the new share_id, a
 // per-server counter from 1. adopt accepts that share_id once; a share that
 // is not the slot's last, already adopted, or voided by a later write into the
-// slot (a completion or restore) is refused with 400. --lax-share-id turns
+// slot (a completion or restore) is refused with 400, and so is an adopt
+// whose optional "layout_hash" differs from the decoder's. --lax-share-id turns
 // the checks off (a test switch proving that the conformance probe catches a
 // lax decoder). --recurrent makes share and adopt answer 501 "no shareable
 // region".

@@ -146,6 +146,9 @@ type completion struct {
 // complete runs a non-streamed /completion and fails the test on an error.
 func (s *simServer) complete(body map[string]any) completion {
 	s.t.Helper()
+	if _, ok := body["return_tokens"]; !ok {
+		body["return_tokens"] = true
+	}
 	r := s.post("/completion", body)
 	if r.status != http.StatusOK {
 		s.t.Fatalf("/completion %v: %d %s", body, r.status, r.body)

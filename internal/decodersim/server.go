@@ -53,6 +53,8 @@ type Server struct {
 
 	mu        sync.Mutex
 	adopted   map[int64]bool // share ids adopted so far
+	inflight  sync.WaitGroup // running handlers; Close waits for them
+	closed    atomic.Bool
 	closeOnce sync.Once
 }
 
@@ -105,13 +107,16 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	return s, nil
 }
 
-// Close unmaps and closes the KV memory. Call it after the HTTP server has
-// stopped: a request still running would touch unmapped memory.
+// Close unmaps and closes the KV memory once the handlers still running have
+// returned (stop the HTTP server first: Close does not cancel them); requests
+// that arrive later answer 503.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
+		s.closed.Store(true)
 		if s.loadTimer != nil {
 			s.loadTimer.Stop()
 		}
+		s.inflight.Wait()
 		s.kv.close()
 	})
 	return nil
@@ -177,6 +182,12 @@ func (s *Server) routes() {
 // serveHTTP is llama-server's middleware: 503 while loading (except the
 // model list), 404 "File Not Found" for unknown routes.
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	s.inflight.Add(1)
+	defer s.inflight.Done()
+	if s.closed.Load() {
+		writeError(w, apiErr(errUnavailable, "Server is shutting down"))
+		return
+	}
 	if !s.loaded.Load() {
 		switch r.URL.Path {
 		case "/models", "/v1/models", "/api/tags":

@@ -355,10 +355,12 @@ func (s *Server) slotShare(r *http.Request, id int) (any, *apiError) {
 	return rep, nil
 }
 
-// adoptBody is {"tokens": […], "share_id": N}.
+// adoptBody is {"tokens": […], "share_id": N} plus an optional
+// "layout_hash": the provider's idea of the layout, checked when present.
 type adoptBody struct {
-	Tokens  json.RawMessage `json:"tokens"`
-	ShareID json.RawMessage `json:"share_id"`
+	Tokens     json.RawMessage `json:"tokens"`
+	ShareID    json.RawMessage `json:"share_id"`
+	LayoutHash *string         `json:"layout_hash"`
 }
 
 // slotAdopt makes the slot's cache the given tokens, whose cells the
@@ -378,6 +380,9 @@ func (s *Server) slotAdopt(r *http.Request, id int) (any, *apiError) {
 	}
 	if len(toks) > s.kv.slotCells {
 		return nil, exceedContext(len(toks), s.kv.slotCells)
+	}
+	if body.LayoutHash != nil && *body.LayoutHash != s.layout.Hash() {
+		return nil, apiErr(errInvalidRequest, "layout_hash %q does not match this decoder's layout %s", truncate(*body.LayoutHash, 64), s.layout.Hash())
 	}
 	sl, err := s.sched.acquire(r.Context(), id, nil)
 	if err != nil {

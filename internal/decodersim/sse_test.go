@@ -90,7 +90,7 @@ func TestSSEFraming(t *testing.T) {
 	for _, rt := range routes {
 		t.Run(rt.name, func(t *testing.T) {
 			s.t = t
-			body := map[string]any{"n_predict": nPredict, "max_tokens": nPredict, "cache_prompt": false, "stream": true}
+			body := map[string]any{"n_predict": nPredict, "max_tokens": nPredict, "cache_prompt": false, "stream": true, "return_tokens": true}
 			for k, v := range rt.body {
 				body[k] = v
 			}
@@ -126,6 +126,17 @@ func TestSSEFraming(t *testing.T) {
 		}
 		if text.String() != full.Content || full.StopType != stopWord {
 			t.Errorf("streamed %q, non-streamed %q (%s)", text.String(), full.Content, full.StopType)
+		}
+	})
+
+	t.Run("tokens only with return_tokens", func(t *testing.T) {
+		s.t = t
+		for _, stream := range []bool{false, true} {
+			r := s.post("/completion", map[string]any{"prompt": promptText, "n_predict": 2, "stream": stream})
+			if strings.Contains(string(r.body), `"tokens":[`) && !strings.Contains(string(r.body), `"tokens":[]`) ||
+				strings.Count(string(r.body), `"tokens":[]`) != strings.Count(string(r.body), `"tokens":`) {
+				t.Errorf("stream %v: tokens without return_tokens: %s", stream, r.body)
+			}
 		}
 	})
 
