@@ -19,7 +19,7 @@ const maxDepth = 64
 // exactly (encoding/json would also accept "V" for "v"; no writer of this
 // format produces that). Parse does not keep a reference to line.
 func Parse(line []byte) (Event, error) {
-	var d Decoder
+	d := Decoder{oneShot: true}
 	return d.Parse(line)
 }
 
@@ -29,6 +29,66 @@ func Parse(line []byte) (Event, error) {
 type Decoder struct {
 	boot, node string
 	scratch    []byte
+	ids        [256]string // request ids seen recently, by hash
+
+	// Slabs for the pointer fields: one allocation per slabSize events
+	// instead of one per field.
+	int64s   []int64
+	ints     []int
+	cleanups []Cleanup
+	oneShot  bool // Parse's own Decoder: no slabs
+}
+
+const slabSize = 64
+
+func (d *Decoder) slab() int {
+	if d.oneShot {
+		return 1
+	}
+	return slabSize
+}
+
+func (d *Decoder) newInt64(v int64) *int64 {
+	if len(d.int64s) == 0 {
+		d.int64s = make([]int64, d.slab())
+	}
+	p := &d.int64s[0]
+	d.int64s = d.int64s[1:]
+	*p = v
+	return p
+}
+
+func (d *Decoder) newInt(v int) *int {
+	if len(d.ints) == 0 {
+		d.ints = make([]int, d.slab())
+	}
+	p := &d.ints[0]
+	d.ints = d.ints[1:]
+	*p = v
+	return p
+}
+
+func (d *Decoder) newCleanup() *Cleanup {
+	if len(d.cleanups) == 0 {
+		d.cleanups = make([]Cleanup, d.slab())
+	}
+	p := &d.cleanups[0]
+	d.cleanups = d.cleanups[1:]
+	return p
+}
+
+// requestID returns s as a string, reusing the string of a recent equal id:
+// a request's events are close together in a log.
+func (d *Decoder) requestID(s []byte) string {
+	h := uint32(2166136261)
+	for _, c := range s {
+		h = (h ^ uint32(c)) * 16777619
+	}
+	slot := &d.ids[h%uint32(len(d.ids))]
+	if *slot != string(s) {
+		*slot = string(s)
+	}
+	return *slot
 }
 
 // Parse is Parse with d's string reuse.
@@ -89,6 +149,40 @@ func (p *parser) null() bool {
 	return false
 }
 
+// keyOrder is the order AppendJSON writes keys in, each as `"key":`.
+// object predicts the next key from it and skips the key's generic parse
+// when the prediction holds, as it does for every line this package writes.
+var keyOrder = func() [][]byte {
+	keys := []string{"v", "boot", "seq", "time", "node", "request_id", "slot", "route", "event",
+		"from", "to", "elapsed_us", "share_id", "n_tokens", "n_fds", "bytes_mapped", "reason", "step",
+		"http_status", "provider_exit", "cleanup"}
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		out[i] = []byte(`"` + k + `":`)
+	}
+	return out
+}()
+
+// predict reports whether the input at p.i is one of the keys from
+// keyOrder[*k:] written as AppendJSON writes it; if so it consumes the key
+// and the colon and advances *k past it.
+func (p *parser) predict(k *int) ([]byte, bool) {
+	rest := p.b[p.i:]
+	for j := *k; j < len(keyOrder); j++ {
+		lit := keyOrder[j]
+		if len(rest) >= len(lit) && string(rest[:len(lit)]) == string(lit) {
+			p.i += len(lit)
+			*k = j + 1
+			return lit[1 : len(lit)-2], true
+		}
+		if j >= 12 { // past the required keys, optional ones may be absent: keep looking
+			continue
+		}
+		break
+	}
+	return nil, false
+}
+
 // object parses the top-level event object into e.
 func (p *parser) object(e *Event) error {
 	if err := p.expect('{'); err != nil {
@@ -99,14 +193,18 @@ func (p *parser) object(e *Event) error {
 		p.i++
 		return nil
 	}
+	k := 0
 	for {
 		p.ws()
-		key, err := p.str()
-		if err != nil {
-			return err
-		}
-		if err := p.expect(':'); err != nil {
-			return err
+		key, ok := p.predict(&k)
+		if !ok {
+			var err error
+			if key, err = p.str(); err != nil {
+				return err
+			}
+			if err := p.expect(':'); err != nil {
+				return err
+			}
 		}
 		if err := p.field(e, key); err != nil {
 			return err
@@ -136,7 +234,7 @@ func (p *parser) field(e *Event, key []byte) error {
 	case "node":
 		e.Node, err = p.strField("node", &p.d.node)
 	case "request_id":
-		e.RequestID, err = p.strField("request_id", nil)
+		e.RequestID, err = p.requestID()
 	case "slot":
 		e.Slot, err = p.intField("slot")
 	case "route":
@@ -156,7 +254,7 @@ func (p *parser) field(e *Event, key []byte) error {
 		}
 		var v int64
 		v, err = p.int64Field("share_id")
-		e.ShareID = &v
+		e.ShareID = p.d.newInt64(v)
 	case "n_tokens":
 		e.NTokens, err = p.intField("n_tokens")
 	case "n_fds":
@@ -176,13 +274,13 @@ func (p *parser) field(e *Event, key []byte) error {
 		}
 		var v int
 		v, err = p.intField("provider_exit")
-		e.ProviderExit = &v
+		e.ProviderExit = p.d.newInt(v)
 	case "cleanup":
 		if p.null() {
 			e.Cleanup = nil
 			return nil
 		}
-		c := new(Cleanup)
+		c := p.d.newCleanup()
 		err = p.cleanup(c)
 		e.Cleanup = c
 	default:
@@ -250,6 +348,21 @@ func (p *parser) strField(name string, last *string) (string, error) {
 		return *last, nil
 	}
 	return intern(s), nil
+}
+
+func (p *parser) requestID() (string, error) {
+	if p.null() {
+		return "", nil
+	}
+	p.ws()
+	if p.i >= len(p.b) || p.b[p.i] != '"' {
+		return "", fmt.Errorf("%w: request_id: not a string at offset %d", ErrField, p.i)
+	}
+	s, err := p.str()
+	if err != nil {
+		return "", err
+	}
+	return p.d.requestID(s), nil
 }
 
 // intern returns the constant for the enum values that appear on every line

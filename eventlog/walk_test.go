@@ -1,6 +1,9 @@
 package eventlog
 
 import (
+	"os"
+	"syscall"
+	"testing"
 	"time"
 
 	"github.com/onebitd/onebitd/event"
@@ -47,4 +50,25 @@ func emitWalk(rec *event.Recorder, id string, slot int, shareID int64, start tim
 		n++
 	}
 	return n
+}
+
+// appendFile appends s to the file at path.
+func appendFile(t testing.TB, path, s string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(s); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// cpuTime is the process's user+system CPU time: on a shared machine,
+// events per CPU-second is the honest throughput figure.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
