@@ -90,9 +90,9 @@ type bootKey struct{ node, boot string }
 // share ids live within a boot.
 type bootState struct {
 	lastSeq uint64
-	decoder int // bumped by each decoder lifecycle start/exit: share_id lifetime
-	reqs    map[string]*reqState // requests not ended yet
-	ended   map[string]position  // ended requests → their last event
+	decoder int                   // bumped by each decoder lifecycle start/exit: share_id lifetime
+	reqs    map[string]*reqState  // requests not ended yet
+	ended   map[string]position   // ended requests → their last event
 	adopted map[shareKey]position // share → its first adopt
 }
 

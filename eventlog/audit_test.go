@@ -15,11 +15,13 @@ import (
 
 type opt func(*event.Event)
 
-func share(id int64) opt   { return func(e *event.Event) { e.ShareID = &id } }
-func fds(n int) opt        { return func(e *event.Event) { e.NFDs = n } }
-func reason(r string) opt  { return func(e *event.Event) { e.Reason = r } }
-func noCleanup() opt       { return func(e *event.Event) { e.Cleanup = nil } }
-func cleanup(f, r int) opt { return func(e *event.Event) { e.Cleanup = &event.Cleanup{FDsClosed: f, FilesRemoved: r} } }
+func share(id int64) opt  { return func(e *event.Event) { e.ShareID = &id } }
+func fds(n int) opt       { return func(e *event.Event) { e.NFDs = n } }
+func reason(r string) opt { return func(e *event.Event) { e.Reason = r } }
+func noCleanup() opt      { return func(e *event.Event) { e.Cleanup = nil } }
+func cleanup(f, r int) opt {
+	return func(e *event.Event) { e.Cleanup = &event.Cleanup{FDsClosed: f, FilesRemoved: r} }
+}
 
 // ev is one request event; adopt, restore and fallback get a plausible
 // cleanup unless an opt changes it.
