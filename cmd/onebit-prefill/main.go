@@ -3,7 +3,7 @@
 // llama-servers over a shared directory (see internal/prefill and
 // docs/llama-server.md).
 //
-//	onebit-prefill --prefill-url URL [--slot N] [--timeout D] \
+//	onebit-prefill --prefill-url URL [--slot N | --slots N] [--timeout D] \
 //	    --tokens FILE --model GGUF --state /dir/STEM.bin
 //
 // The prefill server must load the same model as the decoder and run with
@@ -34,6 +34,7 @@ func run(args []string, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.PrefillURL, "prefill-url", "", "base URL of the prefill llama-server (required)")
 	fs.IntVar(&cfg.Slot, "slot", 0, "slot of the prefill server to evaluate the prompt in")
+	fs.IntVar(&cfg.Slots, "slots", 0, "use any free slot of 0..N-1 of the prefill server instead of --slot (concurrent runs)")
 	fs.DurationVar(&cfg.Timeout, "timeout", prefill.DefaultTimeout, "time limit of the whole run")
 	fs.StringVar(&cfg.TokensPath, "tokens", "", "JSON array of the prompt's token ids (required)")
 	fs.StringVar(&cfg.Model, "model", "", "model GGUF; its file name must match the prefill server's model (required)")

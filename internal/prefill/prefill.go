@@ -9,7 +9,14 @@
 //  3. POST /slots/N?action=save {"filename": basename(--state)}: the prefill
 //     server writes the slot's state to <its --slot-save-path>/<basename>;
 //  4. check that --state now exists with the n_written bytes the server
-//     reported.
+//     reported, holding the n tokens of the prompt.
+//
+// onebitd runs one provider per request, concurrently. A run holds an
+// exclusive flock on its prefill slot from step 2 to step 3 (lock files
+// .onebit-prefill-<server hash>-<slot>.lock in the state directory), so runs
+// on one host never interleave on a slot. With --slots N a run takes the
+// first free slot of 0..N-1 (start the prefill server with -np N): N prefills
+// run in parallel.
 //
 // The prefill server must therefore run with the same model (and KV
 // settings) as the decoder, and with --slot-save-path equal to
@@ -68,6 +75,7 @@ const (
 type Config struct {
 	PrefillURL string        // --prefill-url: the prefill llama-server
 	Slot       int           // --slot: the prefill server's slot to use
+	Slots      int           // --slots: use any free one of slots 0..Slots-1 instead (0: only Slot)
 	Timeout    time.Duration // --timeout: the whole run (0: DefaultTimeout)
 	TokensPath string        // --tokens
 	Model      string        // --model: checked against the server's /props model_path basename
@@ -77,6 +85,7 @@ type Config struct {
 
 // Result is what a successful run did.
 type Result struct {
+	Slot     int   // the prefill server's slot used
 	NTokens  int   // prompt tokens sent
 	NSaved   int   // tokens the server saved
 	NWritten int64 // bytes of the state file
@@ -109,6 +118,8 @@ func (c *Config) check() error {
 		return bad("--state is required")
 	case c.Slot < 0:
 		return bad("--slot %d is negative", c.Slot)
+	case c.Slots < 0:
+		return bad("--slots %d is negative", c.Slots)
 	case c.Timeout < 0:
 		return bad("--timeout %s is negative", c.Timeout)
 	}
@@ -179,17 +190,34 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return res, fmt.Errorf("%w: it runs %s, --model is %s (both sides must load the same model)",
 			ErrModelMismatch, filepath.Base(props.ModelPath), filepath.Base(cfg.Model))
 	}
-	// llama-server wraps a slot id past the end onto another slot.
-	if props.TotalSlots > 0 && cfg.Slot >= props.TotalSlots {
-		return res, fmt.Errorf("%w: --slot %d but the prefill server has %d slots", ErrUsage, cfg.Slot, props.TotalSlots)
+	slots := []int{cfg.Slot}
+	if cfg.Slots > 0 {
+		slots = slots[:0]
+		for i := range cfg.Slots {
+			slots = append(slots, i)
+		}
 	}
+	// llama-server wraps a slot id past the end onto another slot.
+	if last := slots[len(slots)-1]; props.TotalSlots > 0 && last >= props.TotalSlots {
+		flag := fmt.Sprintf("--slot %d", last)
+		if cfg.Slots > 0 {
+			flag = fmt.Sprintf("--slots %d", cfg.Slots)
+		}
+		return res, fmt.Errorf("%w: %s but the prefill server has %d slots", ErrUsage, flag, props.TotalSlots)
+	}
+	slot, lock, err := lockSlot(ctx, filepath.Dir(cfg.StatePath), cfg.PrefillURL, slots)
+	if err != nil {
+		return res, err
+	}
+	defer lock.unlock()
+	res.Slot = slot
 
 	var comp struct {
 		Timings struct {
 			PromptN int `json:"prompt_n"`
 		} `json:"timings"`
 	}
-	body := map[string]any{"prompt": toks, "n_predict": 0, "cache_prompt": true, "id_slot": cfg.Slot}
+	body := map[string]any{"prompt": toks, "n_predict": 0, "cache_prompt": true, "id_slot": slot}
 	if err := c.do(ctx, "completion", http.MethodPost, "/completion", body, &comp); err != nil {
 		return res, err
 	}
@@ -205,7 +233,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		NSaved   *int   `json:"n_saved"`
 		NWritten *int64 `json:"n_written"`
 	}
-	if err := c.do(ctx, "save", http.MethodPost, "/slots/"+strconv.Itoa(cfg.Slot)+"?action=save",
+	if err := c.do(ctx, "save", http.MethodPost, "/slots/"+strconv.Itoa(slot)+"?action=save",
 		map[string]any{"filename": name}, &save); err != nil {
 		return res, err
 	}
@@ -218,7 +246,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	if res.NSaved != res.NTokens {
 		return res, fmt.Errorf("%w: the prefill server saved %d tokens of slot %d, the prompt has %d",
-			ErrIncomplete, res.NSaved, cfg.Slot, res.NTokens)
+			ErrIncomplete, res.NSaved, slot, res.NTokens)
 	}
 	return res, nil
 }

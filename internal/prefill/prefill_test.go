@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -428,4 +429,71 @@ func TestValidFilename(t *testing.T) {
 			t.Errorf("ValidFilename(%q) = %v", name, got)
 		}
 	}
+}
+
+// TestConcurrentRuns: onebitd runs providers concurrently; every state file
+// must hold its own prompt, on one prefill slot or spread over several.
+func TestConcurrentRuns(t *testing.T) {
+	for _, slots := range []int{0, 2} {
+		t.Run(fmt.Sprintf("slots=%d", slots), func(t *testing.T) {
+			w := newWorld(t, nil)
+			const n = 8
+			cfgs := make([]Config, n)
+			toks := make([][]int, n)
+			for i := range n {
+				toks[i] = tokenize(t, w.decoder.URL, fmt.Sprintf("request %d: %s", i, strings.Repeat("word ", i+3)))
+				cfgs[i] = w.config(t, toks[i], fmt.Sprintf("c%d", i))
+				cfgs[i].Slots = slots
+			}
+			errs := make(chan error, n)
+			used := make(chan int, n)
+			for i := range n {
+				go func() {
+					res, err := Run(context.Background(), cfgs[i])
+					used <- res.Slot
+					errs <- err
+				}()
+			}
+			seen := map[int]bool{}
+			for range n {
+				if err := <-errs; err != nil {
+					t.Error(err)
+				}
+				seen[<-used] = true
+			}
+			if slots == 2 && len(seen) > 2 {
+				t.Errorf("slots used %v", seen)
+			}
+			for i := range n {
+				st, r := post(t, w.decoder.URL+"/slots/0?action=restore", map[string]any{"filename": fmt.Sprintf("c%d.bin", i)})
+				if st != 200 || int(r["n_restored"].(float64)) != len(toks[i]) {
+					t.Fatalf("restore c%d: %d %v", i, st, r)
+				}
+				_, got := post(t, w.decoder.URL+"/completion", map[string]any{"prompt": toks[i], "n_predict": 1, "id_slot": 0})
+				if pn := got["timings"].(map[string]any)["prompt_n"].(float64); pn != 1 {
+					t.Errorf("c%d: prompt_n %v after restore: the state holds another prompt", i, pn)
+				}
+			}
+		})
+	}
+}
+
+func TestLockSlotCancelled(t *testing.T) {
+	dir := t.TempDir()
+	_, l, err := lockSlot(context.Background(), dir, "http://x", []int{0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, _, err := lockSlot(ctx, dir, "http://x", []int{0}); !errors.Is(err, ErrServer) {
+		t.Fatalf("err %v", err)
+	}
+	// Another server's slot 0 is a different lock.
+	_, l2, err := lockSlot(context.Background(), dir, "http://y", []int{0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2.unlock()
 }
