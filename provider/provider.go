@@ -8,6 +8,12 @@
 // stderr and cuts the line to MaxLineLen bytes). The provider runs in its own
 // process group; on timeout or cancellation, and after it exits, the whole
 // group is killed, so a provider cannot leave processes behind in its group.
+// The provider's stdout is discarded; its stderr lines are logged at debug
+// level under the "provider_stderr" attribute.
+//
+// The provider inherits the daemon's environment and, besides stdin, stdout
+// and stderr, exactly the fds it is given (at 3, 4, …) provided the daemon
+// called CloseOnExecInherited at startup.
 package provider
 
 import (
@@ -113,7 +119,11 @@ func (r *Runner) RunShared(ctx context.Context, tokens, model, layout string, fi
 		return Result{ExitCode: -1, Reason: err.Reason}, err
 	}
 	fds := make([]string, len(files))
-	for i := range files {
+	for i, f := range files {
+		if f == nil {
+			err := &Error{Kind: ErrProviderStart, Reason: fmt.Sprintf("provider could not start: region fd %d of %d is missing", i, len(files))}
+			return Result{ExitCode: -1, Reason: err.Reason}, err
+		}
 		fds[i] = strconv.Itoa(3 + i)
 	}
 	return r.run(ctx, []string{"--tokens", tokens, "--model", model, "--layout", layout, "--fds", strings.Join(fds, ",")}, files)

@@ -78,6 +78,10 @@ func TestRunStartFailure(t *testing.T) {
 	if _, err := helper("ok").RunShared(context.Background(), "t", "m", "l", nil); !errors.Is(err, ErrProviderStart) {
 		t.Fatalf("no fds: %v", err)
 	}
+	if _, err := helper("ok").RunShared(context.Background(), "t", "m", "l", []*os.File{nil}); !errors.Is(err, ErrProviderStart) ||
+		err.Error() != "provider could not start: region fd 0 of 1 is missing" {
+		t.Fatalf("nil fd: %v", err)
+	}
 }
 
 func TestRunTimeoutKillsGroup(t *testing.T) {
