@@ -46,6 +46,8 @@ func TestPromptCache(t *testing.T) {
 		{"cache_prompt false", map[string]any{"prompt": p, "n_predict": 8, "cache_prompt": false}, n, 0, true},
 		{"prefill only", map[string]any{"prompt": p, "n_predict": 0}, 1, n - 1, false},
 		{"after prefill", map[string]any{"prompt": p, "n_predict": 8}, 1, n - 1, true},
+		{"one prompt in a list", map[string]any{"prompt": []any{promptText}, "n_predict": 8}, 1, n - 1, true},
+		{"one id list in a list", map[string]any{"prompt": []any{p}, "n_predict": 8}, 1, n - 1, true},
 		{"mixed prompt", map[string]any{"prompt": mixed(promptText[:3], p[len(simkv.Tokenize(promptText[:3], true)):]), "n_predict": 8}, 1, n - 1, true},
 	}
 	for _, tc := range tests {

@@ -445,11 +445,10 @@ func parseAdopt(b adoptBody, lax bool) ([]int, int64, *apiError) {
 	}
 	toks := make([]int, len(nums))
 	for i, n := range nums {
-		t, err := tokenID(n)
-		if err != nil {
-			return nil, 0, apiErr(errInvalidRequest, "tokens[%d]: %v", i, err)
+		if n = bytes.TrimSpace(n); !isInteger(n) {
+			return nil, 0, apiErr(errInvalidRequest, "tokens[%d] is not a token id: %s", i, truncate(string(n), 32))
 		}
-		toks[i] = t
+		toks[i] = tokenID(n)
 	}
 	if e := checkTokens(toks); e != nil {
 		return nil, 0, e
