@@ -44,11 +44,24 @@ func postAsync(s *simServer, path string, body any) <-chan reply {
 // the message the way onebitd does.
 func share(tb testing.TB, s *simServer, id int) shared {
 	tb.Helper()
+	l := listen(tb)
+	defer l.Close()
+	return shareOn(tb, s, id, l)
+}
+
+// listen makes a share socket the way onebitd does.
+func listen(tb testing.TB) *fdpass.Listener {
+	tb.Helper()
 	l, err := fdpass.Listen(tb.TempDir(), "share")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	defer l.Close()
+	return l
+}
+
+// shareOn shares slot id through the socket of l.
+func shareOn(tb testing.TB, s *simServer, id int, l *fdpass.Listener) shared {
+	tb.Helper()
 	rc := postAsync(s, fmt.Sprintf("/slots/%d?action=share", id), map[string]string{"socket": l.Path()})
 	deadline := time.Now().Add(10 * time.Second)
 	conn, err := l.Accept(deadline)
