@@ -182,9 +182,12 @@ type Decoder struct {
 }
 
 // Start starts the decoder and waits until it answers /health 200, then
-// supervises it until Stop is called or ctx ends (which stops it as Stop
-// does). It fails fast when the process exits before it is ready: the error
-// wraps ErrExited and holds the decoder's last stderr lines.
+// supervises it until Stop is called. ctx bounds the start only (when it ends
+// first the process is stopped and Start returns its error); a decoder that
+// started keeps running after ctx ends, so that a server can drain its
+// requests before it calls Stop. Start fails fast when the process exits
+// before it is ready: the error wraps ErrExited and holds the decoder's last
+// stderr lines.
 func Start(ctx context.Context, cfg Config) (*Decoder, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
@@ -215,11 +218,7 @@ func Start(ctx context.Context, cfg Config) (*Decoder, error) {
 	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.cancel = cancel
-	stop := context.AfterFunc(ctx, cancel)
-	go func() {
-		defer stop()
-		d.supervise(sctx, p)
-	}()
+	go d.supervise(sctx, p)
 	return d, nil
 }
 

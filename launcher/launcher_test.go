@@ -438,18 +438,60 @@ func TestStopKillsWhenTERMIgnored(t *testing.T) {
 	})
 }
 
-func TestContextEndStops(t *testing.T) {
-	cfg, _ := config(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	d, err := Start(ctx, cfg)
+func TestContextBoundsStartOnly(t *testing.T) {
+	// Ends while loading: Start returns at once and nothing runs.
+	cfg, _ := config(t, "--loading-delay", "1h")
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	if _, err := Start(ctx, cfg); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err %v, want context.DeadlineExceeded", err)
+	}
+	if el := time.Since(t0); el > 5*time.Second {
+		t.Errorf("took %s", el)
+	}
+	if kids := liveChildren(t); len(kids) > 0 {
+		t.Errorf("children still running: %v", kids)
+	}
+
+	// Started: the end of ctx does not stop it (a server drains first).
+	cfg2, _ := config(t)
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	d, err := Start(ctx2, cfg2)
 	if err != nil {
-		cancel()
 		t.Fatal(err)
 	}
-	pid := d.PID()
-	cancel()
-	waitFor(t, 10*time.Second, "the decoder to stop", func() bool { return gone(pid) })
-	_ = d.Stop()
+	defer d.Stop()
+	cancel2()
+	if got := health(d.URL()); got != 200 || d.Ready() != nil {
+		t.Errorf("after ctx ended: /health %d, Ready %v", got, d.Ready())
+	}
+}
+
+// liveChildren lists this process's children that are not zombies.
+func liveChildren(t *testing.T) []int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		_, after, ok := strings.Cut(string(b), ") ")
+		f := strings.Fields(after)
+		if ok && len(f) > 1 && f[0] != "Z" && f[1] == strconv.Itoa(os.Getpid()) {
+			kids = append(kids, pid)
+		}
+	}
+	return kids
 }
 
 func TestParentDeathKillsDecoder(t *testing.T) {
