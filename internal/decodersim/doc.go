@@ -20,8 +20,8 @@
 // stride = cell_size / (2 n_layer) bytes, packed greedily (page aligned)
 // into memfd chunks of at most --chunk-size bytes, sized with ftruncate and
 // mapped MAP_SHARED once at start (so -c 20480 gives 56 buffers of 40 MiB in
-// 3 chunks, 2240 MiB, none of it populated). Slot K of N owns cells
-// [K n_ctx/N, (K+1) n_ctx/N) of every buffer. Only layer 0's buffers carry
+// 3 chunks, 2240 MiB, none of it populated). Slot K owns cells [K m, (K+1) m)
+// of every buffer, m = n_ctx/N (see below). Only layer 0's buffers carry
 // records (simkv.PutK/PutV at the start of a cell); the rest stays sparse.
 //
 // Evaluating token t at position i writes simkv.Cell(model, digest read from
@@ -55,6 +55,7 @@
 //
 // An id_slot or slot action id outside [0, total_slots) is a 400 (upstream
 // defers the task forever or wraps the id). A list of several prompts is a
-// 400 (upstream runs one task per prompt). -c must give each slot a multiple
-// of 4 KiB of cells per buffer so that every shared region is page aligned.
+// 400 (upstream runs one task per prompt). A slot holds n_ctx/n_parallel
+// cells rounded down to whole pages of a buffer (an even count by default),
+// so that every shared region is page aligned.
 package decodersim

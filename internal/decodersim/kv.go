@@ -37,7 +37,7 @@ type buffer struct {
 // written; the rest stay sparse (never faulted in).
 type kvMem struct {
 	nCtx      int   // cells per buffer (-c)
-	slotCells int   // cells per slot (n_ctx / n_parallel)
+	slotCells int   // cells per slot (see Config.slotCells)
 	stride    int64 // bytes per cell per buffer
 	chunks    []chunk
 	bufs      []buffer // layer-major: (0,k) (0,v) (1,k) …
@@ -85,12 +85,12 @@ func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }
 
 // newKV creates and maps the chunks. Nothing is written: the memory stays
 // unpopulated until a cell is evaluated.
-func newKV(nCtx, nParallel, nLayer int, stride, chunkSize int64) (kv *kvMem, err error) {
+func newKV(nCtx, slotCells, nLayer int, stride, chunkSize int64) (kv *kvMem, err error) {
 	g, err := planKV(nCtx, nLayer, stride, chunkSize)
 	if err != nil {
 		return nil, err
 	}
-	kv = &kvMem{nCtx: nCtx, slotCells: nCtx / nParallel, stride: stride}
+	kv = &kvMem{nCtx: nCtx, slotCells: slotCells, stride: stride}
 	defer func() {
 		if err != nil {
 			kv.close()

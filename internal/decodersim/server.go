@@ -72,7 +72,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrModel, err)
 	}
-	kv, err := newKV(cfg.NCtx, cfg.NParallel, cfg.NLayer, cfg.stride(), cfg.ChunkSize)
+	kv, err := newKV(cfg.NCtx, cfg.slotCells(), cfg.NLayer, cfg.stride(), cfg.ChunkSize)
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +81,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		log:       log,
 		modelHash: mh,
 		kv:        kv,
-		sched:     newScheduler(cfg.NParallel, cfg.NCtx/cfg.NParallel),
+		sched:     newScheduler(cfg.NParallel, cfg.slotCells()),
 		adopted:   make(map[int64]bool),
 		layout: simkv.Layout{
 			ModelHash: mh,

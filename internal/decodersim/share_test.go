@@ -311,3 +311,19 @@ func TestShareWritesNothing(t *testing.T) {
 		t.Errorf("%d pages resident after %d cells, want 1..%d (layer 0 only)", touched, c.TokensCached, max)
 	}
 }
+
+// TestShareRoundedSlots: with -c 8192 -np 6 a slot holds 1364 cells so that
+// every region stays page aligned (fdpass.Receive validates alignment).
+func TestShareRoundedSlots(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.NCtx, cfg.NParallel = 8192, 6
+	s := startSim(t, cfg)
+	sh := share(t, s, 5)
+	defer sh.msg.Close()
+	if rg := sh.msg.Header.Regions[1]; rg.Size != 1364*2048 || rg.Offset != 8192*2048+5*1364*2048 {
+		t.Errorf("slot 5's layer 0 V region %+v", rg)
+	}
+	if n := s.do("GET", "/props", nil).json(t)["default_generation_settings"].(map[string]any)["n_ctx"]; n != 1364.0 {
+		t.Errorf("per-slot n_ctx %v, want 1364", n)
+	}
+}
