@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"testing"
 	"time"
 	"unsafe"
@@ -325,5 +326,43 @@ func TestShareRoundedSlots(t *testing.T) {
 	}
 	if n := s.do("GET", "/props", nil).json(t)["default_generation_settings"].(map[string]any)["n_ctx"]; n != 1364.0 {
 		t.Errorf("per-slot n_ctx %v, want 1364", n)
+	}
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd")
+	}
+	return len(ents)
+}
+
+// TestNoFDLeak: failed and successful slot actions leave no fd behind, and
+// Close releases the chunk fds.
+func TestNoFDLeak(t *testing.T) {
+	before := openFDs(t)
+	cfg := testConfig(t)
+	cfg.NCtx = 20480
+	s := startSim(t, cfg)
+	s.ts.Client().Transport.(*http.Transport).DisableKeepAlives = true
+	withServer := openFDs(t)
+	if withServer < before+3 {
+		t.Fatalf("%d fds with the server, %d before: the 3 chunk fds are not counted", withServer, before)
+	}
+	for range 3 {
+		sh := share(t, s, 0)
+		sh.msg.Close()
+		s.post("/slots/0?action=share", map[string]string{"socket": "/nonexistent/x.sock"})
+		s.post("/slots/0?action=restore", map[string]string{"filename": "missing.bin"})
+		s.post("/slots/0?action=save", map[string]string{"filename": "ok.bin"})
+		s.post("/slots/0?action=restore", map[string]string{"filename": "ok.bin"})
+	}
+	s.ts.Client().CloseIdleConnections()
+	waitFor(t, 5*time.Second, "fds back to the server's own", func() bool { return openFDs(t) <= withServer })
+	s.ts.Close()
+	s.srv.Close()
+	if after := openFDs(t); after > before {
+		t.Errorf("%d fds open after Close, %d before New", after, before)
 	}
 }
