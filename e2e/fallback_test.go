@@ -19,10 +19,7 @@ func init() {
 	// behind onebitd's back, so that the share_id onebitd holds is no longer
 	// the slot's last one and the decoder must refuse the adopt.
 	providerModes["reshare"] = func(args []string) int {
-		cmd := exec.Command(bins.prov, args...)
-		if p := os.Getenv("E2E_PROVIDER_BIN"); p != "" {
-			cmd = exec.Command(p, args...)
-		}
+		cmd := exec.Command(os.Getenv("E2E_PROVIDER_BIN"), args...)
 		for fd := 3; ; fd++ {
 			f := os.NewFile(uintptr(fd), fmt.Sprintf("fd%d", fd))
 			if _, err := f.Stat(); err != nil {
@@ -72,7 +69,13 @@ func init() {
 // X-Onebit-Route: fallback, exactly one reason naming the failure, and
 // leaves nothing behind.
 func TestFallbacks(t *testing.T) {
-	plain := newEnv(t, envOpts{})
+	plains := map[string]*env{}
+	plainFor := func(model string) *env { // the plain route on a decoder with the same model
+		if plains[model] == nil {
+			plains[model] = newEnv(t, envOpts{simModel: model})
+		}
+		return plains[model]
+	}
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -91,14 +94,15 @@ func TestFallbacks(t *testing.T) {
 		{"decoder answers 501", envOpts{share: true, provider: true, simArgs: []string{"--recurrent"}}, "share", "no shareable region"},
 		{"layout mismatch", envOpts{share: true, provider: true, simModel: modelFile(t, "b")}, "provider", "layout hash mismatch"},
 		{"state for another model (file route)", envOpts{provider: true, simModel: modelFile(t, "b")}, "restore", "Unable to restore"},
-		{"more fds than accepted", envOpts{share: true, provider: true, simArgs: []string{"-c", "2048", "--n-layer", "40", "--cell-size", "163840", "--chunk-size", "4096"}}, "receive", "MSG_CTRUNC"},
-		{"share_id refused", envOpts{share: true, providerBin: self, env: []string{"GO_WANT_HELPER_PROCESS=1", "E2E_PROVIDER_MODE=reshare"}}, "adopt", "share_id"},
+		{"more fds than accepted", envOpts{share: true, provider: true, simArgs: []string{"-c", "2048", "--n-layer", "40", "--cell-size", "163840", "--chunk-size", "4194304"}}, "receive", "MSG_CTRUNC"},
+		{"share_id refused", envOpts{share: true, providerBin: self, env: []string{"GO_WANT_HELPER_PROCESS=1", "E2E_PROVIDER_MODE=reshare", "E2E_PROVIDER_BIN=" + bins.prov}}, "adopt", "share_id"},
 	}
 	text := prompt(11, 300)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.opts.onebitArgs = append(tc.opts.onebitArgs, "--log-level=debug")
 			e := newEnv(t, tc.opts)
+			plain := plainFor(tc.opts.simModel)
 			base, _ := fdSnapshot(t, e.onebit.PID())
 			for _, ep := range entries {
 				for _, stream := range []bool{false, true} {

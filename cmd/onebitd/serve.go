@@ -159,6 +159,9 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger) error {
 	if err := c.check(); err != nil {
 		return err
 	}
+	// fds inherited without close-on-exec (from a shell or a supervisor)
+	// would otherwise reach every provider beside the region fds.
+	provider.CloseOnExecInherited()
 	if err := os.MkdirAll(c.SlotDir, 0o700); err != nil {
 		return fmt.Errorf("slot dir: %w", err)
 	}
