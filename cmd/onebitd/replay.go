@@ -255,7 +255,7 @@ func (p *replayPrinter) summary(r *eventlog.Report) {
 	defer p.flush()
 	if p.json {
 		type out struct {
-			Report *eventlog.Report     `json:"report"`
+			Report *eventlog.Report    `json:"report"`
 			Torn   []eventlog.TornTail `json:"torn"`
 		}
 		o := out{Report: r, Torn: p.torn}
