@@ -343,9 +343,11 @@ func TestRestartAfterKill(t *testing.T) {
 		}
 		return false
 	})
+	killed := time.Now()
 	waitFor(t, 20*time.Second, "a new ready decoder", func() bool {
 		return d.Ready() == nil && d.PID() != 0 && d.PID() != pid
 	})
+	t.Logf("ready again %s after kill -9", time.Since(killed).Round(time.Millisecond))
 	if d.URL() != url {
 		t.Errorf("URL changed: %s → %s", url, d.URL())
 	}
@@ -525,4 +527,20 @@ func TestParentDeathKillsDecoder(t *testing.T) {
 	}
 	_ = cmd.Wait()
 	waitFor(t, 10*time.Second, fmt.Sprintf("decoder %d to die with its parent", pid), func() bool { return gone(pid) })
+}
+
+// BenchmarkStartStop: spawn the simulator, wait for /health 200, stop it.
+func BenchmarkStartStop(b *testing.B) {
+	dir := b.TempDir()
+	model := filepath.Join(dir, "model.gguf")
+	if err := os.WriteFile(model, []byte("bench model"), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		d, err := Start(context.Background(), Config{Bin: simBin, Model: model, SlotDir: dir, Slots: 1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		_ = d.Stop()
+	}
 }

@@ -497,3 +497,43 @@ func TestLockSlotCancelled(t *testing.T) {
 	}
 	l2.unlock()
 }
+
+// BenchmarkRun: one onebit-prefill run (props, completion, save, check)
+// against an in-process simulator, for a prompt of about 200 tokens.
+func BenchmarkRun(b *testing.B) {
+	dir := b.TempDir()
+	model := filepath.Join(dir, "m.gguf")
+	if err := os.WriteFile(model, []byte("bench"), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	c := decodersim.DefaultConfig()
+	c.ModelPath, c.NCtx, c.SlotSavePath = model, 1024, dir
+	srv, err := decodersim.New(c, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ts := httptest.NewServer(srv.Handler())
+	defer func() { ts.Close(); srv.Close() }()
+	toks := make([]int, 200)
+	for i := range toks {
+		toks[i] = 1 + i%50
+	}
+	raw, _ := json.Marshal(toks)
+	tp := filepath.Join(dir, "b.tokens")
+	if err := os.WriteFile(tp, raw, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	cfg := Config{PrefillURL: ts.URL, TokensPath: tp, Model: model, StatePath: filepath.Join(dir, "b.bin")}
+	for b.Loop() {
+		// A fresh slot each time: erase, so the whole prompt is evaluated.
+		req, _ := http.NewRequest(http.MethodPost, ts.URL+"/slots/0?action=erase", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		resp.Body.Close()
+		if _, err := Run(context.Background(), cfg); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
