@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onebitd/onebitd/event"
 	"github.com/onebitd/onebitd/fdpass"
 )
 
@@ -123,29 +124,24 @@ func TestFallbacks(t *testing.T) {
 }
 
 // checkOneReason: the request fell back exactly once, at step, with a reason
-// containing reason.
+// containing reason, and its events in the event log end in done.
 func checkOneReason(t *testing.T, e *env, reqID, step, reason string) {
 	t.Helper()
-	var n int
-	waitFor(t, 5*time.Second, "transition lines", func() bool {
-		n = 0
-		for _, l := range logLines(e.onebit, "transition") {
-			if l["request_id"] == reqID && l["to"] == "done" {
-				n++
-			}
-		}
-		return n == 1
+	var evs []event.Event
+	waitFor(t, 5*time.Second, "the request's done event in the log", func() bool {
+		evs = requestEvents(t, e, reqID)
+		return len(evs) > 0 && evs[len(evs)-1].To == "done"
 	})
 	var reasons []string
-	for _, l := range logLines(e.onebit, "handoff fell back") {
-		if l["request_id"] == reqID {
-			reasons = append(reasons, fmt.Sprint(l["reason"]))
-			if l["step"] != step {
-				t.Errorf("step %v, want %s (reason %v)", l["step"], step, l["reason"])
-			}
+	for _, ev := range evs {
+		if ev.Reason != "" {
+			reasons = append(reasons, ev.Reason)
+		}
+		if ev.Event == "fallback" && ev.Step != step {
+			t.Errorf("step %q, want %q (reason %q)", ev.Step, step, ev.Reason)
 		}
 	}
 	if len(reasons) != 1 || !strings.Contains(reasons[0], reason) {
-		t.Fatalf("request %s: fallback reasons %q, want exactly one containing %q", reqID, reasons, reason)
+		t.Fatalf("request %s: reasons %q, want exactly one containing %q", reqID, reasons, reason)
 	}
 }

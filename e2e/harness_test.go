@@ -20,6 +20,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/eventlog"
 )
 
 // bins are built once per test binary.
@@ -180,7 +183,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	e.sim, e.simURL = start(t, bins.sim, reSim, simArgs...)
 	args := []string{"serve", "--listen", "127.0.0.1:0", "--decoder-url", e.simURL, "--state-dir", e.stateDir,
 		"--slot-dir", e.slotDir, "--model", e.model, "--log-format", "json", "--nats-listen", "off",
-		"--node", "e2e", "--provider-timeout", "20s"}
+		"--node", "e2e", "--provider-timeout", "20s", "--event-log-sync", "always"}
 	if o.provider || o.providerBin != "" {
 		pb := bins.prov
 		if o.providerBin != "" {
@@ -414,17 +417,30 @@ func assertClean(t *testing.T, e *env, baseline int) {
 	_ = n
 }
 
-// events are the transition lines onebitd logged at debug level (tests run
-// it with --log-level debug when they need them).
-func logLines(p *proc, msg string) []map[string]any {
-	var out []map[string]any
-	for _, line := range strings.Split(p.Logs(), "\n") {
-		if !strings.Contains(line, `"msg":"`+msg+`"`) {
-			continue
-		}
-		var o map[string]any
-		if json.Unmarshal([]byte(line), &o) == nil {
-			out = append(out, o)
+// eventLog is the path of e's event log.
+func (e *env) eventLog() string { return filepath.Join(e.stateDir, "events.jsonl") }
+
+// logEvents reads every event of e's event log (onebitd runs with
+// --event-log-sync always in tests, so a line is on disk before the
+// response ends).
+func logEvents(t *testing.T, e *env) []event.Event {
+	t.Helper()
+	var out []event.Event
+	if _, err := eventlog.ReadFile(e.eventLog(), func(_ int, ev event.Event) error {
+		out = append(out, ev)
+		return nil
+	}); err != nil {
+		t.Fatalf("read event log: %v", err)
+	}
+	return out
+}
+
+// requestEvents are the logged events of one request, in order.
+func requestEvents(t *testing.T, e *env, id string) []event.Event {
+	var out []event.Event
+	for _, ev := range logEvents(t, e) {
+		if ev.RequestID == id {
+			out = append(out, ev)
 		}
 	}
 	return out

@@ -113,4 +113,3 @@ func get(t *testing.T, url string) result {
 	raw, _ := io.ReadAll(resp.Body)
 	return result{status: resp.StatusCode, body: string(raw)}
 }
-

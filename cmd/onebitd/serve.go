@@ -15,10 +15,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/onebitd/onebitd/bus"
 	"github.com/onebitd/onebitd/decoder"
 	"github.com/onebitd/onebitd/event"
 	"github.com/onebitd/onebitd/fdpass"
+	"github.com/onebitd/onebitd/eventlog"
 	"github.com/onebitd/onebitd/handlers"
+	"github.com/onebitd/onebitd/launcher"
 	"github.com/onebitd/onebitd/machine"
 	"github.com/onebitd/onebitd/provider"
 	"github.com/onebitd/onebitd/slots"
@@ -171,7 +174,28 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger) error {
 	}
 	defer closeEvents()
 
-	dec, err := decoder.New(c.DecoderURL, nil)
+	decoderURL := c.DecoderURL
+	var launched *launcher.Decoder
+	if c.DecoderBin != "" {
+		if c.Slots == 0 {
+			c.Slots = 1
+		}
+		log.Info("launching the decoder", "bin", c.DecoderBin, "args", strings.Join(c.DecoderArgs, " "))
+		launched, err = launcher.Start(ctx, launcher.Config{
+			Bin: c.DecoderBin, Args: c.DecoderArgs, Model: c.Model, SlotDir: c.SlotDir, Slots: c.Slots,
+			Sink: events, Logger: log,
+		})
+		if err != nil {
+			return fmt.Errorf("decoder: %w", err)
+		}
+		defer func() {
+			if err := launched.Stop(); err != nil {
+				log.Warn("decoder stop", "error", err)
+			}
+		}()
+		decoderURL = launched.URL()
+	}
+	dec, err := decoder.New(decoderURL, nil)
 	if err != nil {
 		return err
 	}
@@ -196,6 +220,9 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger) error {
 		Logger:  log,
 		MaxBody: c.MaxBody,
 	}
+	if launched != nil {
+		hcfg.Ready = launched.Ready
+	}
 	route := machine.RoutePlain
 	if c.Provider != "" {
 		prov := &provider.Runner{Path: c.Provider, Args: c.ProviderArgs, Timeout: c.ProviderTimeout, Logger: log}
@@ -208,6 +235,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger) error {
 			ApplyTimeout:   c.ApplyTimeout,
 			CheckPeerCreds: true,
 			PeerUID:        os.Getuid(),
+			PeerPID:        peerPID(launched),
 		}, dec, prov, log)
 		route = hcfg.Handoff.Route()
 	}
@@ -244,6 +272,15 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger) error {
 	return nil
 }
 
+// peerPID is the pid a share socket's peer must have: the launched
+// decoder's; nil when attached by URL (then the peer must run as our uid).
+func peerPID(d *launcher.Decoder) func() int {
+	if d == nil {
+		return nil
+	}
+	return d.PID
+}
+
 // waitDecoder polls /health until the decoder answers 200.
 func waitDecoder(ctx context.Context, dec *decoder.Client, limit time.Duration, log *slog.Logger) error {
 	deadline := time.Now().Add(limit)
@@ -271,10 +308,60 @@ func waitDecoder(ctx context.Context, dec *decoder.Client, limit time.Duration, 
 	}
 }
 
-// openEvents builds the event pipeline: recorder → event log → NATS.
+// openEvents builds the event pipeline: recorder → event log → NATS
+// (persist before publish).
 func openEvents(ctx context.Context, c *serveConfig, log *slog.Logger) (event.Sink, func(), error) {
-	logSink := event.SinkFunc(func(e *event.Event) {
-		log.Debug("transition", "request_id", e.RequestID, "slot", e.Slot, "route", e.Route, "event", e.Event, "from", e.From, "to", e.To, "reason", e.Reason)
+	var sinks []event.Sink
+	var closers []func()
+	closeAll := func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	if log.Enabled(ctx, slog.LevelDebug) {
+		sinks = append(sinks, event.SinkFunc(func(e *event.Event) {
+			log.Debug("transition", "request_id", e.RequestID, "slot", e.Slot, "route", e.Route, "event", e.Event,
+				"from", e.From, "to", e.To, "reason", e.Reason, "step", e.Step, "seq", e.Seq)
+		}))
+	}
+	if c.EventLog != "off" {
+		policy, err := eventlog.ParseSyncPolicy(c.EventLogSync)
+		if err != nil {
+			return nil, nil, err
+		}
+		w, torn, err := eventlog.Open(c.EventLog, policy, log)
+		if err != nil {
+			return nil, nil, fmt.Errorf("event log: %w", err)
+		}
+		if !torn.IsZero() {
+			log.Warn("event log had a torn last line (a crash mid-write); kept aside and truncated",
+				"path", c.EventLog, "offset", torn.Offset, "bytes", torn.Bytes, "saved_to", torn.SavedTo, "reason", torn.Reason)
+		}
+		sinks = append(sinks, w)
+		closers = append(closers, func() {
+			if err := w.Close(); err != nil {
+				log.Error("event log close", "error", err)
+			}
+		})
+	}
+	b, err := bus.Open(ctx, bus.Config{
+		URLs: c.NATSURL, Listen: c.NATSListen, JetStream: c.JetStream,
+		StoreDir: filepath.Join(c.StateDir, "jetstream"), Node: c.Node, Logger: log,
 	})
-	return event.NewRecorder(c.Node, logSink), func() {}, nil
+	if err != nil {
+		closeAll()
+		return nil, nil, fmt.Errorf("nats: %w", err)
+	}
+	sinks = append(sinks, b)
+	closers = append(closers, func() {
+		st := b.Stats()
+		log.Info("nats bus closed", "published", st.Published, "dropped", st.Dropped)
+		if err := b.Close(); err != nil {
+			log.Warn("nats close", "error", err)
+		}
+	})
+	if u := b.ClientURL(); u != "" {
+		log.Info("events on nats", "url", u, "subjects", "onebit.>", "watch", "onebitd watch --nats-url "+u)
+	}
+	return event.NewRecorder(c.Node, sinks...), closeAll, nil
 }
