@@ -84,6 +84,9 @@ const (
 	// MaxPendingBytes caps the memory of a stalled disk: past it, Emit drops
 	// events (counted and logged) instead of growing or blocking.
 	MaxPendingBytes = 64 << 20
+	// maxSpareBytes: a drained buffer up to this capacity is kept for reuse
+	// (two such buffers at most), a bigger one (after a burst) is let go.
+	maxSpareBytes = 8 << 20
 )
 
 // Log attribute keys.
@@ -385,7 +388,7 @@ func (w *Writer) takeLocked() ([]byte, uint64) {
 // stays a sequence of whole lines.
 func (w *Writer) writeLocked(data []byte, count uint64, fsync bool) error {
 	defer func() {
-		if cap(data) <= 4*BatchBytes {
+		if cap(data) <= maxSpareBytes {
 			w.spare = data[:0]
 		}
 	}()
