@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -144,4 +145,58 @@ func checkOneReason(t *testing.T, e *env, reqID, step, reason string) {
 	if len(reasons) != 1 || !strings.Contains(reasons[0], reason) {
 		t.Fatalf("request %s: reasons %q, want exactly one containing %q", reqID, reasons, reason)
 	}
+}
+
+// TestFallbackPeerAndSilence: the two failures of the share socket itself.
+// A decoder launched through a wrapper that forks (the process that connects
+// is not the one onebitd launched) is refused as the wrong peer; a decoder
+// that answers share but never connects times out at the accept.
+func TestFallbackPeerAndSilence(t *testing.T) {
+	plain := newEnv(t, envOpts{})
+	text := prompt(11, 300)
+	want := complete(t, plain.onebitURL, epCompletion, false, text, nPredict)
+
+	t.Run("decoder never connects", func(t *testing.T) {
+		e := newEnv(t, envOpts{share: true, provider: true, simArgs: []string{"--share-no-connect"},
+			onebitArgs: []string{"--accept-timeout=500ms"}})
+		base, _ := fdSnapshot(t, e.onebit.PID())
+		got := complete(t, e.onebitURL, epCompletion, false, text, nPredict)
+		if got.route != "fallback" || got.text != want.text {
+			t.Fatalf("route %s text %q want %q", got.route, got.text, want.text)
+		}
+		checkOneReason(t, e, got.reqID, "receive", "did not send the share message")
+		assertClean(t, e, base)
+	})
+
+	t.Run("wrong peer", func(t *testing.T) {
+		dir := t.TempDir()
+		wrapper := filepath.Join(dir, "decoder-wrapper.sh")
+		// No exec: the simulator runs as the wrapper's child.
+		script := "#!/bin/sh\n" + bins.sim + " \"$@\"\n"
+		if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		e := newLaunchedEnv(t, wrapper, []string{"--provider", bins.prov, "--kv-share"})
+		base, _ := fdSnapshot(t, e.onebit.PID())
+		got := complete(t, e.onebitURL, epCompletion, false, text, nPredict)
+		if got.route != "fallback" || got.text != want.text {
+			t.Fatalf("route %s text %q want %q\n%s", got.route, got.text, want.text, tail(e.onebit.Logs()))
+		}
+		checkOneReason(t, e, got.reqID, "peer", "not the decoder")
+		assertClean(t, e, base)
+	})
+}
+
+// newLaunchedEnv runs onebitd with --decoder-bin bin (one slot, -c 20480).
+func newLaunchedEnv(t *testing.T, bin string, args []string) *env {
+	t.Helper()
+	e := &env{stateDir: t.TempDir()}
+	e.slotDir = filepath.Join(e.stateDir, "slots")
+	e.model = modelFile(t, "a")
+	all := append([]string{"serve", "--listen", "127.0.0.1:0", "--state-dir", e.stateDir, "--model", e.model,
+		"--log-format", "json", "--nats-listen", "off", "--node", "e2e", "--event-log-sync", "always",
+		"--provider-timeout", "20s"}, args...)
+	all = append(all, "--decoder-bin", bin, "--", "-c", "20480")
+	e.onebit, e.onebitURL = start(t, bins.onebitd, reOnebitd, all...)
+	return e
 }

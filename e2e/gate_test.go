@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
 	"testing"
 )
 
@@ -66,4 +69,81 @@ func TestGate(t *testing.T) {
 	}
 	assertClean(t, file, baseFile)
 	assertClean(t, shared, baseShared)
+}
+
+func init() {
+	// corrupt: prefill one token wrong (the middle one), so the decoder is
+	// handed KV that does not belong to the prompt.
+	providerModes["corrupt"] = func(args []string) int {
+		for i := 0; i+1 < len(args); i++ {
+			if args[i] != "--tokens" {
+				continue
+			}
+			raw, err := os.ReadFile(args[i+1])
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			var toks []int
+			if err := json.Unmarshal(raw, &toks); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			toks[len(toks)/2] = toks[len(toks)/2]%200 + 4 // another byte token
+			bad := args[i+1] + ".corrupt"
+			b, _ := json.Marshal(toks)
+			if err := os.WriteFile(bad, b, 0o600); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			defer os.Remove(bad)
+			args[i+1] = bad
+		}
+		cmd := exec.Command(os.Getenv("E2E_PROVIDER_BIN"), args...)
+		for fd := 3; ; fd++ {
+			f := os.NewFile(uintptr(fd), fmt.Sprintf("fd%d", fd))
+			if _, err := f.Stat(); err != nil {
+				break
+			}
+			cmd.ExtraFiles = append(cmd.ExtraFiles, f)
+		}
+		cmd.Stderr = os.Stderr
+		if err := cmd.Run(); err != nil {
+			return 1
+		}
+		return 0
+	}
+}
+
+// TestGateDetectsWrongKV is the gate's control: a provider that prefills a
+// prompt differing in one token. On the shared route the decoder adopts the
+// cells under onebitd's token list, so the handoff looks successful
+// (prompt_n == 1) and only the text tells; on the file route the state file
+// carries its own tokens, so the decoder re-evaluates from the difference
+// (prompt_n > 1). Either way TestGate's checks would fail: identical text
+// with prompt_n == 1 means the right KV arrived.
+func TestGateDetectsWrongKV(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	provEnv := []string{"GO_WANT_HELPER_PROCESS=1", "E2E_PROVIDER_MODE=corrupt", "E2E_PROVIDER_BIN=" + bins.prov}
+	plain := newEnv(t, envOpts{})
+	text := prompt(21, 600)
+	want := complete(t, plain.onebitURL, epCompletion, false, text, nPredict)
+
+	shared := newEnv(t, envOpts{share: true, providerBin: self, env: provEnv})
+	got := complete(t, shared.onebitURL, epCompletion, false, text, nPredict)
+	if got.route != "shared" || got.promptN != 1 {
+		t.Fatalf("shared: the corrupt handoff should look successful: route %s prompt_n %d", got.route, got.promptN)
+	}
+	if got.text == want.text {
+		t.Fatalf("shared: wrong KV gave the same text %q: the gate cannot tell", got.text)
+	}
+
+	file := newEnv(t, envOpts{providerBin: self, env: provEnv})
+	got = complete(t, file.onebitURL, epCompletion, false, text, nPredict)
+	if got.route != "file" || got.promptN <= 1 {
+		t.Fatalf("file: route %s prompt_n %d, want a restore whose tokens diverge (prompt_n > 1)", got.route, got.promptN)
+	}
 }

@@ -232,8 +232,14 @@ func (w *work) shared(ctx context.Context, tokens []int) string {
 	cancel()
 	if err != nil {
 		l.Close() // unblocks Accept
-		if r := <-rc; r.msg != nil {
+		r := <-rc
+		if r.msg != nil {
 			w.msg = r.msg // closed (and counted) by fallback
+		}
+		if errors.Is(r.err, errWrongPeer) {
+			// We hung up on the impostor, so the decoder's share failed
+			// too: the peer is the cause worth reporting.
+			return w.fallback(StepPeer, r.err, nil, 0)
 		}
 		return w.fallback(StepShare, err, nil, httpStatus(err))
 	}

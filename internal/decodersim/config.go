@@ -36,6 +36,7 @@ type Config struct {
 	LoadingDelay time.Duration // --loading-delay: answer 503 "Loading model" this long
 	TokenDelay   time.Duration // --token-delay: sleep per generated token
 	LaxShareID   bool          // --lax-share-id: TEST SWITCH, adopt ignores share_id validity
+	ShareNoSend  bool          // --share-no-connect: TEST SWITCH, share answers 200 but never connects
 }
 
 // Defaults that are not llama-server's.
@@ -108,6 +109,7 @@ func ParseArgs(args []string, out io.Writer) (Config, error) {
 	fs.DurationVar(&c.LoadingDelay, "loading-delay", 0, "answer 503 Loading model for this long after start")
 	fs.DurationVar(&c.TokenDelay, "token-delay", 0, "sleep this long per generated token")
 	fs.BoolVar(&c.LaxShareID, "lax-share-id", false, "TEST SWITCH: adopt ignores share_id validity")
+	fs.BoolVar(&c.ShareNoSend, "share-no-connect", false, "TEST SWITCH: share answers with a share_id but never connects to the socket")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(out, "usage: onebit-decoder-sim -m MODEL [llama-server flags]\n")

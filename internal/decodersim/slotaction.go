@@ -329,6 +329,12 @@ func (s *Server) slotShare(r *http.Request, id int) (any, *apiError) {
 	if err != nil {
 		return nil, apiErr(errServer, "unable to share slot %d: %v", id, err)
 	}
+	if s.cfg.ShareNoSend { // TEST SWITCH: a decoder that says it shared but never connected
+		sl.truncate(0)
+		shareID := s.shareSeq.Add(1)
+		sl.share = shareState{last: shareID}
+		return shareReply{IDSlot: id, ShareID: shareID}, nil
+	}
 	conn, err := fdpass.Dial(*body.Socket, shareDialTimeout)
 	if err != nil {
 		s.log.Warn("slot share failed", attrSlot, id, attrPath, *body.Socket, attrError, err)
