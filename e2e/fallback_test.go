@@ -196,7 +196,7 @@ func newLaunchedEnv(t *testing.T, bin string, args []string) *env {
 	all := append([]string{"serve", "--listen", "127.0.0.1:0", "--state-dir", e.stateDir, "--model", e.model,
 		"--log-format", "json", "--nats-listen", "off", "--node", "e2e", "--event-log-sync", "always",
 		"--provider-timeout", "20s"}, args...)
-	all = append(all, "--decoder-bin", bin, "--", "-c", "20480")
+	all = append(all, "--decoder-bin", bin, "--", "-c", "20480", "--token-delay", "5ms")
 	e.onebit, e.onebitURL = start(t, bins.onebitd, reOnebitd, all...)
 	return e
 }
