@@ -90,15 +90,21 @@ type bootKey struct{ node, boot string }
 // share ids live within a boot.
 type bootState struct {
 	lastSeq uint64
-	decoder int                   // bumped by each decoder lifecycle start/exit: share_id lifetime
-	reqs    map[string]*reqState  // requests not ended yet
-	ended   map[string]position   // ended requests → their last event
-	adopted map[shareKey]position // share → its first adopt
+	decoder int                  // bumped by each decoder lifecycle start/exit: share_id lifetime
+	reqs    map[string]*reqState // requests not ended yet
+	ended   map[uint64]struct{}  // hashes (hashID) of the ended requests' ids
+	adopted map[shareKey]uint64  // adopted share ids, 64 per bitmap word
 }
 
-type position struct {
-	source int // index in Auditor.sources
-	line   int
+// hashID is FNV-1a 64 of a request id. The set of ended requests holds
+// hashes rather than strings: smaller, and no pointer to chase on lookup; a
+// false "after the request ended" needs a 64-bit collision.
+func hashID(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint64(s[i])) * 1099511628211
+	}
+	return h
 }
 
 type reqState struct {
@@ -111,9 +117,12 @@ type reqState struct {
 	events    []event.Event
 }
 
+// shareKey is a word of the adopted-share-ids bitmap: ids 64*word to
+// 64*word+63 of one decoder lifetime (share ids are small counters, so a
+// lifetime's ids fill few words).
 type shareKey struct {
 	decoder int
-	id      int64
+	word    int64
 }
 
 // Auditor rebuilds each request's machine from events in log order and
@@ -139,6 +148,16 @@ type Auditor struct {
 	lastBoot bootKey
 	lastBS   *bootState
 	order    int
+	free     []*reqState // ended requests' states, for reuse
+}
+
+func (a *Auditor) newReq() *reqState {
+	if n := len(a.free); n > 0 {
+		r := a.free[n-1]
+		a.free = a.free[:n-1]
+		return r
+	}
+	return new(reqState)
 }
 
 // NewAuditor returns an empty Auditor.
@@ -156,13 +175,6 @@ func (a *Auditor) violate(line int, id, rule, format string, args ...any) {
 	a.report.Violations = append(a.report.Violations, Violation{
 		RequestID: id, Rule: rule, Detail: fmt.Sprintf(format, args...), Source: a.source(), Line: line,
 	})
-}
-
-func (a *Auditor) where(p position) string {
-	if a.sources[p.source] == "" {
-		return fmt.Sprintf("line %d", p.line)
-	}
-	return fmt.Sprintf("%s:%d", a.sources[p.source], p.line)
 }
 
 // Add audits one event read at line of the current source.
@@ -193,11 +205,12 @@ func (a *Auditor) Add(line int, e event.Event) {
 
 	r := bs.reqs[e.RequestID]
 	if r == nil {
-		if end, ok := bs.ended[e.RequestID]; ok {
-			a.violate(line, e.RequestID, RuleIllegalTransition, "%s after the request ended at %s", e.Event, a.where(end))
+		if _, ok := bs.ended[hashID(e.RequestID)]; ok {
+			a.violate(line, e.RequestID, RuleIllegalTransition, "%s after the request ended", e.Event)
 			return
 		}
-		r = &reqState{id: e.RequestID, order: a.order, state: machine.Received}
+		r = a.newReq()
+		*r = reqState{id: e.RequestID, order: a.order, state: machine.Received}
 		a.order++
 		bs.reqs[e.RequestID] = r
 		a.report.Requests++
@@ -244,7 +257,8 @@ func (a *Auditor) Add(line int, e event.Event) {
 		}
 		a.end(r)
 		delete(bs.reqs, r.id)
-		bs.ended[r.id] = position{len(a.sources) - 1, line}
+		bs.ended[hashID(r.id)] = struct{}{}
+		a.free = append(a.free, r)
 	}
 }
 
@@ -261,8 +275,8 @@ func (a *Auditor) boot(node, boot string) *bootState {
 	}
 	bs := a.boots[k]
 	if bs == nil {
-		bs = &bootState{reqs: make(map[string]*reqState), ended: make(map[string]position),
-			adopted: make(map[shareKey]position)}
+		bs = &bootState{reqs: make(map[string]*reqState), ended: make(map[uint64]struct{}),
+			adopted: make(map[shareKey]uint64)}
 		a.boots[k] = bs
 		a.bootList = append(a.bootList, bs)
 		a.report.Boots++
@@ -280,12 +294,14 @@ func (a *Auditor) checkAdopt(line int, bs *bootState, r *reqState, e *event.Even
 	if r.shareID != nil && *r.shareID != id {
 		a.violate(line, r.id, RuleShareIDMismatch, "adopt of share_id %d, but the request's share received %d", id, *r.shareID)
 	}
-	k := shareKey{bs.decoder, id}
-	if first, ok := bs.adopted[k]; ok {
-		a.violate(line, r.id, RuleShareIDReused, "share_id %d already adopted at %s", id, a.where(first))
+	k, bit := shareKey{bs.decoder, id >> 6}, uint64(1)<<(id&63)
+	word := bs.adopted[k]
+	if word&bit != 0 {
+		a.violate(line, r.id, RuleShareIDReused, "share_id %d was already adopted in this decoder lifetime (node %s, boot %s)",
+			id, e.Node, e.Boot)
 		return
 	}
-	bs.adopted[k] = position{len(a.sources) - 1, line}
+	bs.adopted[k] = word | bit
 }
 
 func (a *Auditor) checkCleanup(line int, r *reqState, e *event.Event) {

@@ -236,7 +236,7 @@ func TestReplayDoctoredLogs(t *testing.T) {
 			evs[4].From, evs[4].Route = "adopted", "shared"
 			evs[5].Route = "shared"
 			return all
-		}, "", 1, []string{"violation: request req-adopt-refused: share-id-reused", "share_id 1 already adopted at"}},
+		}, "", 1, []string{"violation: request req-adopt-refused: share-id-reused", "share_id 1 was already adopted"}},
 		{"missing cleanup", func(byID map[string][]*event.Event, all []event.Event) []event.Event {
 			byID["req-shared"][3].Cleanup = nil
 			return all
