@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -112,4 +114,62 @@ func get(t *testing.T, url string) result {
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
 	return result{status: resp.StatusCode, body: string(raw)}
+}
+
+// streamOne starts a long streaming completion and returns the response
+// after its first event arrived.
+func streamOne(t *testing.T, base, text string, maxTokens int) (*http.Response, *bufio.Reader) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"prompt": text, "n_predict": maxTokens, "stream": true})
+	resp, err := http.Post(base+"/completion", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("first event: %q %v", line, err)
+	}
+	return resp, br
+}
+
+// TestClientGoneFreesSlot: a client that disconnects mid-stream cancels the
+// decoder's work and frees its slot; its request ends as failed with a
+// reason in the event log.
+func TestClientGoneFreesSlot(t *testing.T) {
+	e := newEnv(t, envOpts{provider: true, share: true, simArgs: []string{"--token-delay", "20ms"}, onebitArgs: []string{"--slots", "1"}})
+	resp, _ := streamOne(t, e.onebitURL, prompt(41, 200), 100000)
+	id := resp.Header.Get("X-Onebit-Request-Id")
+	resp.Body.Close()
+	// With one slot, this only runs once the first request let go of it.
+	if r := complete(t, e.onebitURL, epCompletion, false, prompt(42, 200), 4); r.status != 200 || r.route != "shared" {
+		t.Fatalf("second request: %d %s %s", r.status, r.route, r.body)
+	}
+	evs := requestEvents(t, e, id)
+	if len(evs) == 0 || evs[len(evs)-1].To != "failed" || !strings.Contains(evs[len(evs)-1].Reason, "client went away") {
+		t.Fatalf("first request's events end with %+v", evs[len(evs)-1])
+	}
+}
+
+// TestDrainOnSIGTERM: SIGTERM lets an in-flight stream finish, then onebitd
+// exits 0 and refuses new connections.
+func TestDrainOnSIGTERM(t *testing.T) {
+	e := newEnv(t, envOpts{provider: true, share: true, simArgs: []string{"--token-delay", "10ms"}})
+	resp, br := streamOne(t, e.onebitURL, prompt(43, 200), 40)
+	defer resp.Body.Close()
+	e.onebit.cmd.Process.Signal(syscall.SIGTERM)
+	rest, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatalf("stream cut by SIGTERM: %v", err)
+	}
+	if !strings.Contains(string(rest), `"stop":true`) {
+		t.Fatalf("stream did not finish: %q", tail(string(rest)))
+	}
+	<-e.onebit.done
+	if code := e.onebit.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d\n%s", code, tail(e.onebit.Logs()))
+	}
+	if !strings.Contains(e.onebit.Logs(), "onebitd stopped cleanly") {
+		t.Fatalf("no clean stop in the log:\n%s", tail(e.onebit.Logs()))
+	}
 }
