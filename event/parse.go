@@ -153,34 +153,71 @@ func (p *parser) null() bool {
 // object predicts the next key from it and skips the key's generic parse
 // when the prediction holds, as it does for every line this package writes.
 var keyOrder = func() [][]byte {
-	keys := []string{"v", "boot", "seq", "time", "node", "request_id", "slot", "route", "event",
-		"from", "to", "elapsed_us", "share_id", "n_tokens", "n_fds", "bytes_mapped", "reason", "step",
-		"http_status", "provider_exit", "cleanup"}
-	out := make([][]byte, len(keys))
-	for i, k := range keys {
+	out := make([][]byte, len(keyNames))
+	for i, k := range keyNames {
 		out[i] = []byte(`"` + k + `":`)
 	}
 	return out
 }()
 
+// Field indexes, in AppendJSON order.
+const (
+	kV = iota
+	kBoot
+	kSeq
+	kTime
+	kNode
+	kRequestID
+	kSlot
+	kRoute
+	kEvent
+	kFrom
+	kTo
+	kElapsedUS
+	kShareID
+	kNTokens
+	kNFDs
+	kBytesMapped
+	kReason
+	kStep
+	kHTTPStatus
+	kProviderExit
+	kCleanup
+	kUnknown
+)
+
+var keyNames = [...]string{"v", "boot", "seq", "time", "node", "request_id", "slot", "route", "event",
+	"from", "to", "elapsed_us", "share_id", "n_tokens", "n_fds", "bytes_mapped", "reason", "step",
+	"http_status", "provider_exit", "cleanup"}
+
+// keyIndex maps a key to its field index, kUnknown if none.
+func keyIndex(key []byte) int {
+	for i, k := range keyNames {
+		if string(key) == k {
+			return i
+		}
+	}
+	return kUnknown
+}
+
 // predict reports whether the input at p.i is one of the keys from
 // keyOrder[*k:] written as AppendJSON writes it; if so it consumes the key
 // and the colon and advances *k past it.
-func (p *parser) predict(k *int) ([]byte, bool) {
+func (p *parser) predict(k *int) (int, bool) {
 	rest := p.b[p.i:]
 	for j := *k; j < len(keyOrder); j++ {
 		lit := keyOrder[j]
 		if len(rest) >= len(lit) && string(rest[:len(lit)]) == string(lit) {
 			p.i += len(lit)
 			*k = j + 1
-			return lit[1 : len(lit)-2], true
+			return j, true
 		}
-		if j >= 12 { // past the required keys, optional ones may be absent: keep looking
+		if j >= kShareID { // optional keys may be absent: keep looking
 			continue
 		}
 		break
 	}
-	return nil, false
+	return kUnknown, false
 }
 
 // object parses the top-level event object into e.
@@ -196,17 +233,18 @@ func (p *parser) object(e *Event) error {
 	k := 0
 	for {
 		p.ws()
-		key, ok := p.predict(&k)
+		idx, ok := p.predict(&k)
 		if !ok {
-			var err error
-			if key, err = p.str(); err != nil {
+			key, err := p.str()
+			if err != nil {
 				return err
 			}
+			idx = keyIndex(key)
 			if err := p.expect(':'); err != nil {
 				return err
 			}
 		}
-		if err := p.field(e, key); err != nil {
+		if err := p.field(e, idx); err != nil {
 			return err
 		}
 		p.ws()
@@ -218,36 +256,35 @@ func (p *parser) object(e *Event) error {
 	}
 }
 
-// field parses the value of key into e. key aliases the input or scratch
-// and must be examined before the next p.str call.
-func (p *parser) field(e *Event, key []byte) error {
+// field parses the value of field idx into e.
+func (p *parser) field(e *Event, idx int) error {
 	var err error
-	switch string(key) {
-	case "v":
+	switch idx {
+	case kV:
 		e.V, err = p.intField("v")
-	case "boot":
+	case kBoot:
 		e.Boot, err = p.strField("boot", &p.d.boot)
-	case "seq":
+	case kSeq:
 		e.Seq, err = p.uintField("seq")
-	case "time":
+	case kTime:
 		e.Time, err = p.timeField()
-	case "node":
+	case kNode:
 		e.Node, err = p.strField("node", &p.d.node)
-	case "request_id":
+	case kRequestID:
 		e.RequestID, err = p.requestID()
-	case "slot":
+	case kSlot:
 		e.Slot, err = p.intField("slot")
-	case "route":
+	case kRoute:
 		e.Route, err = p.strField("route", nil)
-	case "event":
+	case kEvent:
 		e.Event, err = p.strField("event", nil)
-	case "from":
+	case kFrom:
 		e.From, err = p.strField("from", nil)
-	case "to":
+	case kTo:
 		e.To, err = p.strField("to", nil)
-	case "elapsed_us":
+	case kElapsedUS:
 		e.ElapsedUS, err = p.int64Field("elapsed_us")
-	case "share_id":
+	case kShareID:
 		if p.null() {
 			e.ShareID = nil
 			return nil
@@ -255,19 +292,19 @@ func (p *parser) field(e *Event, key []byte) error {
 		var v int64
 		v, err = p.int64Field("share_id")
 		e.ShareID = p.d.newInt64(v)
-	case "n_tokens":
+	case kNTokens:
 		e.NTokens, err = p.intField("n_tokens")
-	case "n_fds":
+	case kNFDs:
 		e.NFDs, err = p.intField("n_fds")
-	case "bytes_mapped":
+	case kBytesMapped:
 		e.BytesMapped, err = p.int64Field("bytes_mapped")
-	case "reason":
+	case kReason:
 		e.Reason, err = p.strField("reason", nil)
-	case "step":
+	case kStep:
 		e.Step, err = p.strField("step", nil)
-	case "http_status":
+	case kHTTPStatus:
 		e.HTTPStatus, err = p.intField("http_status")
-	case "provider_exit":
+	case kProviderExit:
 		if p.null() {
 			e.ProviderExit = nil
 			return nil
@@ -275,7 +312,7 @@ func (p *parser) field(e *Event, key []byte) error {
 		var v int
 		v, err = p.intField("provider_exit")
 		e.ProviderExit = p.d.newInt(v)
-	case "cleanup":
+	case kCleanup:
 		if p.null() {
 			e.Cleanup = nil
 			return nil
