@@ -339,3 +339,64 @@ func BenchmarkParse(b *testing.B) {
 		}
 	}
 }
+
+// hasFoldedKey reports whether the object in line has a key that
+// encoding/json would match case-insensitively to a field but Parse would
+// not (Parse matches keys exactly), at the top level or in cleanup.
+func hasFoldedKey(line []byte) bool {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(line, &top) != nil {
+		return false
+	}
+	folded := func(m map[string]json.RawMessage, names []string) bool {
+		for k := range m {
+			for _, n := range names {
+				if k != n && strings.EqualFold(k, n) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	if folded(top, keyNames[:]) {
+		return true
+	}
+	for k, v := range top {
+		if strings.EqualFold(k, "cleanup") {
+			var c map[string]json.RawMessage
+			if json.Unmarshal(v, &c) == nil && folded(c, []string{"fds_closed", "files_removed"}) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// FuzzParseMatchesEncodingJSON: on any input without case-folded keys,
+// Parse and encoding/json (plus the version check) agree on success and on
+// the event.
+func FuzzParseMatchesEncodingJSON(f *testing.F) {
+	for _, e := range sampleEvents() {
+		f.Add(e.AppendJSON(nil))
+	}
+	f.Add([]byte(`{"v":1,"\u0076":1,"cleanup":{"fds_closed":2},"cleanup":null,"x":{"y":[1,2]}}`))
+	f.Add([]byte(`{"v":1,"time":"2026-01-02T03:04:05.5-07:00","seq":-0}`))
+	f.Add([]byte(`{"v":1,"share_id":1,"share_id":null,"provider_exit":-3}`))
+	f.Fuzz(func(t *testing.T, line []byte) {
+		if hasFoldedKey(line) {
+			return
+		}
+		got, err := Parse(line)
+		var std Event
+		stdErr := json.Unmarshal(line, &std)
+		if stdErr == nil && std.V != Version {
+			stdErr = ErrVersion
+		}
+		if (err == nil) != (stdErr == nil) {
+			t.Fatalf("%q: Parse error %v, encoding/json error %v", line, err, stdErr)
+		}
+		if err == nil && !eventsEqual(got, std) {
+			t.Fatalf("%q:\nParse         %+v\nencoding/json %+v", line, got, std)
+		}
+	})
+}
