@@ -214,16 +214,22 @@ func (s *Server) tokens(ctx context.Context, k kind, body []byte, fields map[str
 		}
 		if err := json.Unmarshal(raw, &prompt); err != nil {
 			var ids []int
-			if json.Unmarshal(raw, &ids) == nil && len(ids) > 0 {
-				return ids, nil
+			if json.Unmarshal(raw, &ids) != nil {
+				return nil, errors.New("the prompt is neither a string nor an array of token ids (several prompts or mixed arrays are not handed over)")
 			}
-			return nil, errors.New("the prompt is neither a string nor an array of token ids (several prompts or mixed arrays are not handed over)")
+			return worthIt(ids)
 		}
 	}
 	toks, err := s.cfg.Decoder.Tokenize(ctx, prompt)
 	if err != nil {
 		return nil, err
 	}
+	return worthIt(toks)
+}
+
+// worthIt refuses prompts too short to hand over: the decoder evaluates the
+// last token anyway.
+func worthIt(toks []int) ([]int, error) {
 	if len(toks) < 2 {
 		return nil, errors.New("the prompt is too short to be worth a handoff (fewer than 2 tokens)")
 	}
