@@ -425,6 +425,14 @@ func (w *Writer) writeLocked(data []byte, count uint64, fsync bool) error {
 		w.failing = false
 		w.log.Info("event log writes recovered")
 	}
+	if w.dropLogged.Load() && len(data) > 0 {
+		w.mu.Lock()
+		closed := w.closed
+		w.mu.Unlock()
+		if !closed && w.dropLogged.CompareAndSwap(true, false) {
+			w.log.Info("event log caught up after dropping events", "dropped_total", w.dropped.Load())
+		}
+	}
 	return nil
 }
 

@@ -647,3 +647,53 @@ func BenchmarkReplay(b *testing.B) {
 	}
 	b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "events/s")
 }
+
+// TestStalledDiskDropsInsteadOfBlocking holds the file (as a hung disk
+// would): Emit keeps returning, memory stops at MaxPendingBytes, the excess
+// is dropped and counted, and writing resumes when the disk does.
+func TestStalledDiskDropsInsteadOfBlocking(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fills MaxPendingBytes")
+	}
+	logger, logs := testLogger(t)
+	path := filepath.Join(t.TempDir(), "events.jsonl")
+	w, _, err := Open(path, SyncBatch, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.writeMu.Lock() // the disk hangs
+	rec := event.NewRecorder("n1", w)
+	n := 0
+	for ; w.Stats().Dropped == 0; n++ {
+		if n > MaxPendingBytes/100 {
+			t.Fatalf("no drop after %d events", n)
+		}
+		rec.Emit(sampleEvent(n))
+	}
+	for range 1000 {
+		rec.Emit(sampleEvent(n))
+		n++
+	}
+	if dropped := w.Stats().Dropped; dropped != 1001 {
+		t.Fatalf("dropped %d, want 1001", dropped)
+	}
+	w.writeMu.Unlock() // the disk is back
+	if err := w.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	rec.Emit(sampleEvent(n))
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st := w.Stats()
+	if st.Events+st.Dropped != uint64(n+1) || st.WriteErrors != 0 {
+		t.Fatalf("stats %+v for %d events", st, n+1)
+	}
+	if !strings.Contains(logs.String(), "events dropped") || !strings.Contains(logs.String(), "caught up") {
+		t.Fatalf("logs: %s", logs)
+	}
+	evs, _ := readAll(t, path)
+	if uint64(len(evs)) != st.Events {
+		t.Fatalf("%d events in the file, stats say %d", len(evs), st.Events)
+	}
+}
