@@ -1,0 +1,232 @@
+// Package watch turns handoff events from NATS into one line each for a
+// terminal (`onebitd watch`):
+//
+//	15:04:05.000 node-a 9f3c… shared prefilled→adopted share_id=7 n_tokens=512 n_fds=56 elapsed=1.234ms
+//
+// time (the watcher's local time), node, request id, route, from→to, then
+// the attributes that matter when present: share_id, n_tokens, n_fds,
+// step, reason, http_status, provider_exit, elapsed. On a terminal the
+// transition is coloured by where it lands: green adopted/restored/done, red
+// fallback/failed, yellow anything in between. Every string that came off
+// the wire is printed quoted if it holds anything but printable non-space
+// characters, so a payload cannot move the cursor or forge a line.
+package watch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/onebitd/onebitd/event"
+)
+
+// Errors.
+var (
+	// ErrPayload: a message is not a handoff event.
+	ErrPayload = errors.New("watch: message is not an event")
+)
+
+// Subjects.
+const (
+	// SubjectAll is every event onebitd publishes.
+	SubjectAll = "onebit.>"
+	// SubjectFallback is the fallbacks of every node.
+	SubjectFallback = "onebit.*.handoff.fallback"
+)
+
+// subscribeTimeout bounds the round trip that confirms the subscription.
+const subscribeTimeout = 10 * time.Second
+
+// TimeLayout is the time column.
+const TimeLayout = "15:04:05.000"
+
+const (
+	ansiGreen  = "\x1b[32m"
+	ansiRed    = "\x1b[31m"
+	ansiYellow = "\x1b[33m"
+	ansiReset  = "\x1b[0m"
+)
+
+// Failed reports whether e belongs in `watch --failed`: a fallback, a
+// request that failed, or any event that carries a reason.
+func Failed(e *event.Event) bool {
+	return e.To == "fallback" || e.To == "failed" || e.Reason != ""
+}
+
+// colourOf is the ANSI colour of a transition into state to.
+func colourOf(to string) string {
+	switch to {
+	case "adopted", "restored", "done":
+		return ansiGreen
+	case "fallback", "failed":
+		return ansiRed
+	}
+	return ansiYellow
+}
+
+// AppendLine appends e's line (with a trailing newline) to dst. The time is
+// shown in loc (nil: UTC).
+func AppendLine(dst []byte, e *event.Event, colour bool, loc *time.Location) []byte {
+	if loc == nil {
+		loc = time.UTC
+	}
+	dst = e.Time.In(loc).AppendFormat(dst, TimeLayout)
+	dst = append(dst, ' ')
+	dst = appendWord(dst, e.Node)
+	dst = append(dst, ' ')
+	if e.RequestID == "" && e.To == "" {
+		// Not a request transition (decoder lifecycle): show its name.
+		dst = append(dst, '-', ' ')
+		if colour {
+			dst = append(dst, ansiYellow...)
+		}
+		dst = appendWord(dst, e.Event)
+		if colour {
+			dst = append(dst, ansiReset...)
+		}
+		return appendAttrs(dst, e)
+	}
+	dst = appendWord(dst, e.RequestID)
+	dst = append(dst, ' ')
+	dst = appendWord(dst, e.Route)
+	dst = append(dst, ' ')
+	if colour {
+		dst = append(dst, colourOf(e.To)...)
+	}
+	dst = appendWord(dst, e.From)
+	dst = append(dst, "→"...)
+	dst = appendWord(dst, e.To)
+	if colour {
+		dst = append(dst, ansiReset...)
+	}
+	return appendAttrs(dst, e)
+}
+
+func appendAttrs(dst []byte, e *event.Event) []byte {
+	if e.ShareID != nil {
+		dst = append(dst, " share_id="...)
+		dst = strconv.AppendInt(dst, *e.ShareID, 10)
+	}
+	if e.NTokens != 0 {
+		dst = append(dst, " n_tokens="...)
+		dst = strconv.AppendInt(dst, int64(e.NTokens), 10)
+	}
+	if e.NFDs != 0 {
+		dst = append(dst, " n_fds="...)
+		dst = strconv.AppendInt(dst, int64(e.NFDs), 10)
+	}
+	if e.Step != "" {
+		dst = append(dst, " step="...)
+		dst = appendWord(dst, e.Step)
+	}
+	if e.Reason != "" {
+		dst = append(dst, " reason="...)
+		dst = strconv.AppendQuote(dst, e.Reason)
+	}
+	if e.HTTPStatus != 0 {
+		dst = append(dst, " http_status="...)
+		dst = strconv.AppendInt(dst, int64(e.HTTPStatus), 10)
+	}
+	if e.ProviderExit != nil {
+		dst = append(dst, " provider_exit="...)
+		dst = strconv.AppendInt(dst, int64(*e.ProviderExit), 10)
+	}
+	if e.RequestID != "" || e.ElapsedUS != 0 {
+		dst = append(dst, " elapsed="...)
+		dst = append(dst, (time.Duration(e.ElapsedUS) * time.Microsecond).String()...)
+	}
+	return append(dst, '\n')
+}
+
+// appendWord appends s as is when it is printable and has no space or
+// quote, quoted otherwise; "-" for the empty string.
+func appendWord(dst []byte, s string) []byte {
+	if s == "" {
+		return append(dst, '-')
+	}
+	for _, r := range s {
+		if r == utf8.RuneError || r == '"' || r == '\\' || unicode.IsSpace(r) || !unicode.IsPrint(r) {
+			return strconv.AppendQuote(dst, s)
+		}
+	}
+	return append(dst, s...)
+}
+
+// Printer writes one line per event message.
+type Printer struct {
+	W      io.Writer
+	Colour bool           // ANSI colours (a terminal)
+	JSON   bool           // print the raw payload instead of a line
+	Failed bool           // only events for which Failed is true
+	Loc    *time.Location // time column zone; nil: UTC
+
+	buf []byte
+}
+
+// Message handles one NATS message. It returns ErrPayload (wrapped with
+// the subject) for a payload that is not an event, which is not printed,
+// and the writer's error if writing fails.
+func (p *Printer) Message(subject string, data []byte) error {
+	e, err := event.Parse(data)
+	if err != nil {
+		return fmt.Errorf("%w (subject %s): %w", ErrPayload, strconv.Quote(subject), err)
+	}
+	if p.Failed && !Failed(&e) {
+		return nil
+	}
+	if p.JSON {
+		p.buf = append(append(p.buf[:0], data...), '\n')
+	} else {
+		p.buf = AppendLine(p.buf[:0], &e, p.Colour, p.Loc)
+	}
+	_, err = p.W.Write(p.buf)
+	return err
+}
+
+// Ready is called by Run once the subscription is in place on the server.
+type Ready func(subject string)
+
+// Run subscribes nc to subject and hands every message to p until ctx is
+// done (then it returns nil) or the connection is closed. A payload that is
+// not an event is reported on errw and skipped.
+func Run(ctx context.Context, nc *nats.Conn, subject string, p *Printer, errw io.Writer, ready Ready) error {
+	sub, err := nc.SubscribeSync(subject)
+	if err != nil {
+		return fmt.Errorf("watch: subscribe %s: %w", subject, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	fctx, cancel := context.WithTimeout(ctx, subscribeTimeout)
+	err = nc.FlushWithContext(fctx)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("watch: subscribe %s: %w", subject, err)
+	}
+	if ready != nil {
+		ready(subject)
+	}
+	for {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("watch: %s: %w", subject, err)
+		}
+		if err := p.Message(m.Subject, m.Data); err != nil {
+			if !errors.Is(err, ErrPayload) {
+				return fmt.Errorf("watch: write: %w", err)
+			}
+			fmt.Fprintf(errw, "onebitd watch: %v\n", err)
+		}
+	}
+}
