@@ -6,8 +6,6 @@ package handlers
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -111,16 +109,9 @@ const (
 	kindChat
 )
 
-// NewRequestID draws a request id: "r" and 16 hex digits.
-func NewRequestID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return "r" + hex.EncodeToString(b[:])
-}
-
 func (s *Server) completion(k kind) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := NewRequestID()
+		id := machine.NewRequestID()
 		w.Header().Set(HeaderRequestID, id)
 		log := s.log.With("request_id", id)
 

@@ -2,11 +2,14 @@ package machine
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"time"
 
 	"github.com/onebitd/onebitd/decoder"
@@ -115,6 +118,42 @@ func (h *Handoff) Run(ctx context.Context, m *Machine, tokens []int) string {
 		return w.shared(ctx, tokens)
 	}
 	return w.file(ctx, tokens)
+}
+
+// NewRequestID draws a request id: "r" and 16 hex digits. It is also the
+// stem of the request's files in the slot dir.
+func NewRequestID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "r" + hex.EncodeToString(b[:])
+}
+
+// RequestIDLen is the length of NewRequestID's ids.
+const RequestIDLen = 17
+
+// staleFile matches the files a handoff leaves in the slot dir while it runs
+// (and a provider's temporaries beside them).
+var staleFile = regexp.MustCompile(`^r[0-9a-f]{16}\.(sock|tokens|json|bin|bin\.tmp)$`)
+
+// CleanStale removes the handoff files a killed onebitd left in dir (and
+// nothing else: the dir is shared with the decoder's saved slots). It returns
+// how many it removed.
+func CleanStale(dir string) (int, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, e := range ents {
+		if !staleFile.MatchString(e.Name()) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }
 
 // work is one run's resources.

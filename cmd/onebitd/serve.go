@@ -129,8 +129,8 @@ func newLogger(format, level string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("bad --log-format %q (text|json)", format)
 }
 
-// stemLen is the longest file stem a request uses (handlers.NewRequestID).
-const stemLen = 17
+// stemLen is the longest file stem a request uses (machine.NewRequestID).
+const stemLen = machine.RequestIDLen
 
 func (c *serveConfig) check() error {
 	if (c.DecoderURL == "") == (c.DecoderBin == "") {
@@ -167,6 +167,11 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger) error {
 	provider.CloseOnExecInherited()
 	if err := os.MkdirAll(c.SlotDir, 0o700); err != nil {
 		return fmt.Errorf("slot dir: %w", err)
+	}
+	if n, err := machine.CleanStale(c.SlotDir); err != nil {
+		return fmt.Errorf("slot dir: %w", err)
+	} else if n > 0 {
+		log.Warn("removed handoff files left by an earlier run that did not stop cleanly", "slot_dir", c.SlotDir, "files", n)
 	}
 	events, closeEvents, err := openEvents(ctx, &c, log)
 	if err != nil {
