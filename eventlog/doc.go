@@ -37,8 +37,9 @@
 //
 // Open creates the file (mode 0600, directory 0700), takes an exclusive
 // flock (a second writer gets ErrLocked) and appends. Emit encodes the event
-// into a pending buffer under a mutex (no allocation in steady state) and,
-// depending on the SyncPolicy (--event-log-sync):
+// under a mutex into the last of a list of 256 KiB pending chunks (reused:
+// no allocation and no copying in steady state) and, depending on the
+// SyncPolicy (--event-log-sync):
 //
 //   - always: Emit writes and fsyncs before it returns. An event whose
 //     transition the daemon acted on survives a crash and a power loss. The

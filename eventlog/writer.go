@@ -84,10 +84,20 @@ const (
 	// MaxPendingBytes caps the memory of a stalled disk: past it, Emit drops
 	// events (counted and logged) instead of growing or blocking.
 	MaxPendingBytes = 64 << 20
-	// maxSpareBytes: a drained buffer up to this capacity is kept for reuse
-	// (two such buffers at most), a bigger one (after a burst) is let go.
-	maxSpareBytes = 8 << 20
+	// chunkBytes is the unit of the pending buffer: Emit encodes into the
+	// last chunk and starts a new one when less than chunkSlack is left, so
+	// the pending lines are never copied to grow a buffer.
+	chunkBytes = 256 << 10
+	chunkSlack = 4 << 10
+	// maxFreeChunks drained chunks (8 MiB) are kept for reuse.
+	maxFreeChunks = 32
 )
+
+// chunk is a run of pending lines.
+type chunk struct {
+	buf    []byte
+	events uint64
+}
 
 // Log attribute keys.
 const (
@@ -132,21 +142,22 @@ type Writer struct {
 	log    *slog.Logger
 	f      *os.File
 
-	// mu guards the pending buffer; writeMu serialises file writes and
+	// mu guards the pending chunks; writeMu serialises file writes and
 	// guards size, spare and failing. Lock order: writeMu, then mu.
-	mu      sync.Mutex
-	buf     []byte
-	pending uint64 // events in buf
-	closed  bool
+	mu           sync.Mutex
+	chunks       []chunk  // pending lines; Emit appends to the last chunk
+	pendingBytes int      // bytes in chunks
+	free         [][]byte // drained chunk buffers, for reuse
+	closed       bool
 
 	writeMu    sync.Mutex
-	spare      []byte
-	size       int64 // file size after the last good write
-	failing    bool  // the last write or fsync failed (log once per episode)
+	spare      []chunk // the other chunk list, swapped in by take
+	size       int64   // file size after the last good write
+	failing    bool    // the last write or fsync failed (log once per episode)
 	fileClosed bool
 
-	kick    chan struct{} // buf became non-empty
-	full    chan struct{} // buf passed BatchBytes
+	kick    chan struct{} // pending became non-empty
+	full    chan struct{} // pending passed BatchBytes
 	stop    chan struct{}
 	stopped chan struct{}
 
@@ -329,21 +340,29 @@ func (w *Writer) Emit(e *event.Event) {
 		defer w.writeMu.Unlock()
 	}
 	w.mu.Lock()
-	if w.closed || len(w.buf) >= MaxPendingBytes {
+	if w.closed || w.pendingBytes >= MaxPendingBytes {
 		closed := w.closed
 		w.mu.Unlock()
 		w.drop(closed)
 		return
 	}
-	wasEmpty := len(w.buf) == 0
-	w.buf = e.AppendJSON(w.buf)
-	w.buf = append(w.buf, '\n')
-	w.pending++
-	n := len(w.buf)
+	n := len(w.chunks)
+	if n == 0 || cap(w.chunks[n-1].buf)-len(w.chunks[n-1].buf) < chunkSlack {
+		w.chunks = append(w.chunks, chunk{buf: w.newChunkLocked()})
+		n++
+	}
+	c := &w.chunks[n-1]
+	before := len(c.buf)
+	c.buf = e.AppendJSON(c.buf)
+	c.buf = append(c.buf, '\n')
+	c.events++
+	wasEmpty := w.pendingBytes == 0
+	w.pendingBytes += len(c.buf) - before
+	pending := w.pendingBytes
 	if w.policy == SyncAlways {
-		data, count := w.takeLocked()
+		chunks := w.takeLocked()
 		w.mu.Unlock()
-		w.writeLocked(data, count, true)
+		w.writeLocked(chunks, true)
 		return
 	}
 	w.mu.Unlock()
@@ -353,12 +372,22 @@ func (w *Writer) Emit(e *event.Event) {
 		default:
 		}
 	}
-	if n >= BatchBytes {
+	if pending >= BatchBytes {
 		select {
 		case w.full <- struct{}{}:
 		default:
 		}
 	}
+}
+
+// newChunkLocked returns an empty chunk buffer. Call with mu held.
+func (w *Writer) newChunkLocked() []byte {
+	if n := len(w.free); n > 0 {
+		b := w.free[n-1]
+		w.free = w.free[:n-1]
+		return b
+	}
+	return make([]byte, 0, chunkBytes)
 }
 
 // drop counts an event that will never reach the file.
@@ -374,49 +403,53 @@ func (w *Writer) drop(closed bool) {
 	}
 }
 
-// takeLocked swaps the pending buffer for the spare one. Call with writeMu
+// takeLocked swaps the pending chunks for the spare list. Call with writeMu
 // and mu held.
-func (w *Writer) takeLocked() ([]byte, uint64) {
-	data, count := w.buf, w.pending
-	w.buf, w.pending = w.spare[:0], 0
-	w.spare = nil
-	return data, count
+func (w *Writer) takeLocked() []chunk {
+	chunks := w.chunks
+	w.chunks, w.spare = w.spare[:0], nil
+	w.pendingBytes = 0
+	return chunks
 }
 
-// writeLocked appends data (count events) to the file and fsyncs if asked.
-// Call with writeMu held. A failed write is truncated away so that the file
-// stays a sequence of whole lines.
-func (w *Writer) writeLocked(data []byte, count uint64, fsync bool) error {
-	defer func() {
-		if cap(data) <= maxSpareBytes {
-			w.spare = data[:0]
-		}
-	}()
-	if len(data) > 0 {
-		n, err := w.f.Write(data)
+// writeLocked appends chunks to the file and fsyncs if asked, then recycles
+// the chunks. Call with writeMu held. A failed write is truncated away so
+// that the file stays a sequence of whole lines; the events of the failed
+// chunk and of the chunks after it are lost (counted).
+func (w *Writer) writeLocked(chunks []chunk, fsync bool) error {
+	defer w.recycle(chunks)
+	var written int
+	for i := range chunks {
+		c := &chunks[i]
+		n, err := w.f.Write(c.buf)
 		if err != nil {
+			var lost uint64
+			for _, c := range chunks[i:] {
+				lost += c.events
+			}
 			w.writeErrors.Add(1)
-			w.dropped.Add(count)
-			lost := fmt.Errorf("eventlog: write %d events (%d of %d bytes written) to %s: %w",
-				count, n, len(data), w.path, err)
+			w.dropped.Add(lost)
+			err = fmt.Errorf("eventlog: write %d events (%d of %d bytes of a batch written) to %s: %w",
+				lost, n, len(c.buf), w.path, err)
 			if n > 0 {
 				if terr := w.f.Truncate(w.size); terr != nil {
 					w.writeErrors.Add(1)
-					lost = fmt.Errorf("%w; truncating the partial line failed: %w", lost, terr)
+					err = fmt.Errorf("%w; truncating the partial line failed: %w", err, terr)
 				}
 			}
-			w.fail("event log write failed: events lost", lost, count)
-			return lost
+			w.fail("event log write failed: events lost", err, lost)
+			return err
 		}
 		w.size += int64(n)
-		w.events.Add(count)
+		written += n
+		w.events.Add(c.events)
 		w.bytes.Add(uint64(n))
 	}
 	if fsync {
 		if err := w.f.Sync(); err != nil {
 			w.writeErrors.Add(1)
 			err = fmt.Errorf("eventlog: fsync %s: %w", w.path, err)
-			w.fail("event log fsync failed: recent events may be lost", err, count)
+			w.fail("event log fsync failed: recent events may be lost", err, 0)
 			return err
 		}
 		w.syncs.Add(1)
@@ -425,7 +458,7 @@ func (w *Writer) writeLocked(data []byte, count uint64, fsync bool) error {
 		w.failing = false
 		w.log.Info("event log writes recovered")
 	}
-	if w.dropLogged.Load() && len(data) > 0 {
+	if written > 0 && w.dropLogged.Load() {
 		w.mu.Lock()
 		closed := w.closed
 		w.mu.Unlock()
@@ -434,6 +467,20 @@ func (w *Writer) writeLocked(data []byte, count uint64, fsync bool) error {
 		}
 	}
 	return nil
+}
+
+// recycle keeps drained chunk buffers for Emit and the list for take. Call
+// with writeMu held.
+func (w *Writer) recycle(chunks []chunk) {
+	w.mu.Lock()
+	for i := range chunks {
+		if len(w.free) < maxFreeChunks && cap(chunks[i].buf) <= 2*chunkBytes {
+			w.free = append(w.free, chunks[i].buf[:0])
+		}
+		chunks[i] = chunk{}
+	}
+	w.mu.Unlock()
+	w.spare = chunks[:0]
 }
 
 // fail logs the first failure of an episode at Error level (data lost).
@@ -486,13 +533,13 @@ func (w *Writer) flushLocked(fsync bool) error {
 		return ErrClosed
 	}
 	w.mu.Lock()
-	data, count := w.takeLocked()
+	chunks := w.takeLocked()
 	w.mu.Unlock()
-	if len(data) == 0 && !fsync {
-		w.spare = data
+	if len(chunks) == 0 && !fsync {
+		w.spare = chunks
 		return nil
 	}
-	return w.writeLocked(data, count, fsync)
+	return w.writeLocked(chunks, fsync)
 }
 
 // Sync writes every pending event and fsyncs the file, whatever the policy.
