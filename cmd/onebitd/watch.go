@@ -1,12 +1,125 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/mattn/go-isatty"
+	"github.com/nats-io/nats.go"
+
+	"github.com/onebitd/onebitd/watch"
 )
 
-// watchMain is replaced by the real command as it lands.
+// defaultWatchURL is the embedded server's default listen address.
+const defaultWatchURL = "nats://127.0.0.1:4222"
+
+// watchMain is `onebitd watch`: one line per handoff event from NATS (see
+// package watch). Ctrl-C exits 0; 1 when the server cannot be reached at
+// start; 2 on bad usage.
 func watchMain(args []string) int {
-	fmt.Fprintln(os.Stderr, "onebitd: watch is not built in this revision")
-	return 2
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	tty := isatty.IsTerminal(os.Stdout.Fd()) && os.Getenv("NO_COLOR") == ""
+	return watchRun(ctx, args, os.Stdout, os.Stderr, tty, nil)
+}
+
+// watchRun is watchMain without the process: ready (may be nil) is called
+// once the subscription is in place.
+func watchRun(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool, ready watch.Ready) int {
+	fs := flag.NewFlagSet("onebitd watch", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		url     string
+		subject string
+		p       = watch.Printer{W: stdout, Colour: tty, Loc: time.Local}
+	)
+	fs.StringVar(&url, "nats-url", defaultWatchURL, "NATS server(s), comma-separated; the default is the embedded server's address")
+	fs.BoolVar(&p.Failed, "failed", false, "only fallbacks, failed requests and events carrying a reason")
+	fs.BoolVar(&p.JSON, "json", false, "print each event's JSON payload, one per line")
+	fs.StringVar(&subject, "subject", watch.SubjectAll, "subject to subscribe to")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "onebitd watch: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if p.JSON {
+		p.Colour = false
+	}
+	// nats.go's handlers write from their own goroutine, possibly while the
+	// connection closes: serialise them and silence them once we return.
+	errw := &gatedWriter{w: stderr}
+	defer errw.shut()
+	nc, err := nats.Connect(url,
+		nats.Name("onebitd watch"),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				fmt.Fprintf(errw, "onebitd watch: disconnected: %v (reconnecting)\n", err)
+			} else {
+				fmt.Fprintln(errw, "onebitd watch: disconnected (reconnecting)")
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			fmt.Fprintf(errw, "onebitd watch: reconnected to %s\n", nc.ConnectedUrlRedacted())
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			// A slow terminal: nats.go dropped messages for us.
+			fmt.Fprintf(errw, "onebitd watch: %v\n", err)
+		}),
+	)
+	if err != nil {
+		fmt.Fprintf(errw, "onebitd watch: cannot reach NATS at %s: %v (is onebitd serve running? see --nats-url)\n", url, err)
+		return 1
+	}
+	defer func() {
+		errw.shut() // no "disconnected" line for our own Close
+		nc.Close()
+	}()
+	onReady := func(subject string) {
+		fmt.Fprintf(errw, "onebitd watch: watching %s on %s\n", subject, nc.ConnectedUrlRedacted())
+		if ready != nil {
+			ready(subject)
+		}
+	}
+	if err := watch.Run(ctx, nc, subject, &p, errw, onReady); err != nil {
+		fmt.Fprintf(errw, "onebitd watch: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// gatedWriter serialises writes and drops them after shut.
+type gatedWriter struct {
+	mu   sync.Mutex
+	w    io.Writer
+	done bool
+}
+
+func (g *gatedWriter) Write(p []byte) (int, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.done {
+		return len(p), nil
+	}
+	return g.w.Write(p)
+}
+
+func (g *gatedWriter) shut() {
+	g.mu.Lock()
+	g.done = true
+	g.mu.Unlock()
 }
