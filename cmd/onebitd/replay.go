@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -100,7 +102,8 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer, tty
 		fmt.Fprintf(stderr, "onebitd replay: %v\n\n%s", err, replayUsage)
 		return 2
 	}
-	out := &replayPrinter{w: stdout, json: c.json}
+	bw := bufio.NewWriterSize(stdout, 64<<10)
+	out := &replayPrinter{w: bw, json: c.json}
 
 	var src eventlog.Source
 	var total int64
@@ -140,6 +143,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer, tty
 	for rec, err := range src {
 		if err != nil {
 			bar.clear()
+			bw.Flush()
 			fmt.Fprintf(stderr, "onebitd replay: %v\n", err)
 			return 2
 		}
@@ -155,6 +159,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer, tty
 		bar.update(rec.Offset)
 		if ctx.Err() != nil {
 			bar.clear()
+			bw.Flush()
 			fmt.Fprintln(stderr, "onebitd replay: interrupted")
 			return 2
 		}
@@ -162,7 +167,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer, tty
 	bar.clear()
 	rep := a.Finish()
 	out.summary(&rep)
-	if err := out.err; err != nil {
+	if err := cmp.Or(out.err, bw.Flush()); err != nil {
 		fmt.Fprintf(stderr, "onebitd replay: write output: %v\n", err)
 		return 2
 	}

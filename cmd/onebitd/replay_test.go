@@ -310,7 +310,6 @@ func TestReplayUsageAndErrors(t *testing.T) {
 		{"request and failed", []string{"--request", "x", "--failed", goldenLog}, 2, "do not go together"},
 		{"stream half given", []string{"--nats-url", "nats://127.0.0.1:4222"}, 2, "go together"},
 		{"stream and files", []string{"--nats-url", "u", "--stream", "ONEBIT", goldenLog}, 2, "not both"},
-		{"stream not built", []string{"--nats-url", "nats://127.0.0.1:4222", "--stream", "ONEBIT"}, 2, "not built yet"},
 		{"missing file", []string{filepath.Join(dir, "nope.jsonl")}, 2, "no such file"},
 		{"bad middle line", []string{bad}, 2, "line 1"},
 		{"unknown request", []string{"--request", "nope", goldenLog}, 1, "request nope is not in the log"},
@@ -323,6 +322,16 @@ func TestReplayUsageAndErrors(t *testing.T) {
 				t.Fatalf("exit %d (want %d), stderr %q (want %q)", code, tt.code, errOut, tt.stderr)
 			}
 		})
+	}
+}
+
+func TestReplayStreamNotBuilt(t *testing.T) {
+	old := streamSource
+	t.Cleanup(func() { streamSource = old })
+	streamSource = nil
+	_, errOut, code := replayRun(t, "--nats-url", "nats://127.0.0.1:4222", "--stream", "ONEBIT")
+	if code != 2 || !strings.Contains(errOut, "not built yet") {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
 }
 
