@@ -11,6 +11,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -476,5 +477,40 @@ func TestParseListen(t *testing.T) {
 		if tt.ok && (host != tt.host || port != tt.port || dont != tt.dont) {
 			t.Errorf("parseListen(%q) = %q, %d, %v; want %q, %d, %v", tt.in, host, port, dont, tt.host, tt.port, tt.dont)
 		}
+	}
+}
+
+func TestServerLogAdapterLevels(t *testing.T) {
+	var buf syncBuffer
+	lg := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	a := slogAdapter{l: lg, fatal: new(atomic.Pointer[string])}
+	a.Noticef("n %d", 1)
+	a.Warnf("w %d", 2)
+	a.Errorf("e %d", 3)
+	a.Fatalf("f %d", 4)
+	a.Debugf("d %d", 5)
+	a.Tracef("t %d", 6)
+	want := []struct{ level, msg string }{
+		{"INFO", "n 1"}, {"WARN", "w 2"}, {"ERROR", "e 3"}, {"ERROR", "f 4"}, {"DEBUG", "d 5"}, {"DEBUG", "t 6"},
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != len(want) {
+		t.Fatalf("%d lines:\n%s", len(lines), buf.String())
+	}
+	for i, l := range lines {
+		var rec struct {
+			Level string `json:"level"`
+			Msg   string `json:"msg"`
+			Log   string `json:"nats_log"`
+		}
+		if err := json.Unmarshal([]byte(l), &rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec.Level != want[i].level || rec.Log != want[i].msg || rec.Msg != "nats server" {
+			t.Errorf("line %d = %+v, want %+v", i, rec, want[i])
+		}
+	}
+	if got := a.fatal.Load(); got == nil || *got != "f 4" {
+		t.Errorf("fatal message not kept: %v", got)
 	}
 }

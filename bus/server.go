@@ -92,7 +92,7 @@ func startServer(cfg *Config) (*server.Server, error) {
 			srv.Shutdown()
 			srv.WaitForShutdown()
 			if msg != nil {
-				return nil, fmt.Errorf("%w (listen %q): %s", ErrServerNotReady, cfg.Listen, *msg)
+				return nil, fmt.Errorf("%w (listen %q): %s (another onebitd or nats-server there? use --nats-listen with another address, or off)", ErrServerNotReady, cfg.Listen, *msg)
 			}
 			return nil, fmt.Errorf("%w after %v (listen %q)", ErrServerNotReady, readyTimeout, cfg.Listen)
 		}
