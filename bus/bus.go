@@ -110,6 +110,7 @@ type Bus struct {
 	js  jetstream.JetStream // nil without --jetstream
 
 	streamReady atomic.Bool
+	streamCheck chan struct{} // external JetStream: a reconnect asks keepStream to check the stream
 	q           chan item
 	done        chan struct{} // closed by Close: publisher drains and exits
 	dropSignal  chan struct{} // wakes the reporter
@@ -149,6 +150,9 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 		q:          make(chan item, cfg.QueueSize),
 		done:       make(chan struct{}),
 		dropSignal: make(chan struct{}, 1),
+	}
+	if cfg.JetStream && cfg.URLs != "" {
+		b.streamCheck = make(chan struct{}, 1)
 	}
 	var err error
 	if cfg.URLs == "" {
@@ -215,6 +219,12 @@ func (b *Bus) natsOptions() []nats.Option {
 				b.bo.Reset()
 			}
 			b.boMu.Unlock()
+			if b.streamCheck != nil {
+				select {
+				case b.streamCheck <- struct{}{}:
+				default:
+				}
+			}
 			b.log.Info("nats reconnected", logKeyURL, nc.ConnectedUrlRedacted())
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {

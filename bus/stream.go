@@ -39,49 +39,74 @@ func (b *Bus) setupJetStream(ctx context.Context) error {
 		return fmt.Errorf("bus: jetstream: %w", err)
 	}
 	b.js = js
-	if b.srv != nil || b.nc.IsConnected() {
+	if b.srv != nil {
+		sctx, cancel := context.WithTimeout(ctx, setupTimeout)
+		defer cancel()
+		if err := b.ensureStream(sctx); err != nil {
+			return err
+		}
+		b.streamReady.Store(true)
+		return nil
+	}
+	if b.nc.IsConnected() {
 		sctx, cancel := context.WithTimeout(ctx, setupTimeout)
 		err := b.ensureStream(sctx)
 		cancel()
 		if err == nil {
 			b.streamReady.Store(true)
-			return nil
+		} else {
+			b.log.Warn("jetstream stream setup failed, retrying in the background", logKeyStream, StreamName, logKeyError, err)
 		}
-		if b.srv != nil {
-			return err
-		}
-		b.log.Warn("jetstream stream setup failed, retrying in the background", logKeyStream, StreamName, logKeyError, err)
 	}
 	b.wg.Add(1)
-	go b.retryStream()
+	go b.keepStream()
 	return nil
 }
 
-// retryStream sets the stream up once the external server can, with backoff.
-func (b *Bus) retryStream() {
+// keepStream runs for an external server: it sets the stream up once the
+// server can (with backoff), and checks it again after every reconnect, so
+// that a server that came back without the stream gets it back. Until the
+// stream is ready, events go out on core NATS.
+func (b *Bus) keepStream() {
 	defer b.wg.Done()
 	bo := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(reconnectMin),
 		backoff.WithMaxInterval(reconnectMax),
 		backoff.WithMaxElapsedTime(0))
-	t := time.NewTimer(bo.NextBackOff())
+	t := time.NewTimer(0)
 	defer t.Stop()
+	if b.streamReady.Load() {
+		<-t.C // idle until a reconnect
+	}
 	for {
 		select {
 		case <-b.done:
 			return
+		case <-b.streamCheck:
+			bo.Reset()
 		case <-t.C:
+		}
+		if !b.nc.IsConnected() {
+			t.Reset(bo.NextBackOff())
+			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 		err := b.ensureStream(ctx)
 		cancel()
-		if err == nil {
-			b.streamReady.Store(true)
-			b.log.Info("jetstream stream ready", logKeyStream, StreamName)
-			return
+		if err != nil {
+			b.log.Debug("jetstream stream setup failed", logKeyStream, StreamName, logKeyError, err)
+			t.Reset(bo.NextBackOff())
+			continue
 		}
-		b.log.Debug("jetstream stream setup failed", logKeyStream, StreamName, logKeyError, err)
-		t.Reset(bo.NextBackOff())
+		if !b.streamReady.Swap(true) {
+			b.log.Info("jetstream stream ready", logKeyStream, StreamName)
+		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
 	}
 }
 

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -186,4 +188,84 @@ func TestJetStreamExternalDownAtStart(t *testing.T) {
 	if len(got) != 10 || len(errs) != 0 {
 		t.Fatalf("read %d events, errors %v", len(got), errs)
 	}
+}
+
+func TestJetStreamExternalDiesAndComesBack(t *testing.T) {
+	tests := []struct {
+		name      string
+		keepStore bool // false: the server comes back without the stream
+	}{
+		{"same store", true},
+		{"store lost", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			store := t.TempDir()
+			ext := startNATSStore(t, -1, store)
+			url := ext.ClientURL()
+			port := ext.Addr().(*net.TCPAddr).Port
+			b := openBus(t, Config{URLs: url, JetStream: true})
+			if !b.streamReady.Load() {
+				t.Fatal("stream not ready with the server up")
+			}
+			for i := range 10 {
+				b.Emit(testEvent("node-a", "before", i))
+			}
+			waitFor(t, 10*time.Second, "acks before", func() bool { return b.Stats().Published == 10 })
+
+			ext.Shutdown()
+			ext.WaitForShutdown()
+			waitFor(t, 5*time.Second, "bus to notice the outage", func() bool { return !b.nc.IsConnected() })
+			for i := range 20 {
+				b.Emit(testEvent("node-a", "during", i))
+			}
+			if !tt.keepStore {
+				store = t.TempDir()
+			}
+			startNATSStore(t, port, store)
+			waitFor(t, 15*time.Second, "reconnect", func() bool { return b.nc.IsConnected() })
+			// After the reconnect the stream is checked (and recreated if
+			// the server lost it); events published then are stored.
+			waitFor(t, 15*time.Second, "events after the reconnect stored", func() bool {
+				b.Emit(testEvent("node-a", "after", 0))
+				js, _ := jetstream.New(b.nc)
+				s, err := js.Stream(context.Background(), StreamName)
+				if err != nil {
+					return false
+				}
+				m, err := s.GetLastMsgForSubject(context.Background(), StreamSubjects)
+				return err == nil && strings.Contains(string(m.Data), `"boot":"after"`)
+			})
+			got, errs := readAll(t, url, StreamName)
+			if len(errs) != 0 {
+				t.Fatalf("read back: %v", errs)
+			}
+			boots := map[string]int{}
+			for _, e := range got {
+				boots[e.Boot]++
+			}
+			if tt.keepStore && boots["before"] != 10 {
+				t.Fatalf("events before the outage in the stream: %d, want 10 (%v)", boots["before"], boots)
+			}
+			if boots["after"] != 1 { // one Nats-Msg-Id: the retries were duplicates
+				t.Fatalf("events after the outage in the stream: %d, want 1 (%v)", boots["after"], boots)
+			}
+		})
+	}
+}
+
+func startNATSStore(t *testing.T, port int, store string) *server.Server {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: port, NoSigs: true, NoLog: true, JetStream: true, StoreDir: store,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	return srv
 }
