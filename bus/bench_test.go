@@ -99,3 +99,16 @@ func TestSubject(t *testing.T) {
 		}
 	}
 }
+
+func TestRedactURLs(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"nats://a:4222", "nats://a:4222"},
+		{"nats://u:secret@a:4222, nats://b:4222", "nats://u:xxxxx@a:4222,nats://b:4222"},
+		{"nats://token@a:4222", "nats://xxxxx@a:4222"},
+	}
+	for _, tt := range tests {
+		if got := redactURLs(tt.in); got != tt.want {
+			t.Errorf("redactURLs(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}

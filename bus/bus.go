@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -117,7 +118,6 @@ type Bus struct {
 	wg          sync.WaitGroup
 	closed      atomic.Bool
 	closeOnce   sync.Once
-	closeErr    error
 
 	subjects sync.Map // to-state ⇒ subject, for cfg.Node
 
@@ -182,10 +182,10 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 		)
 		b.nc, err = nats.Connect(cfg.URLs, opts...)
 		if err != nil {
-			return nil, fmt.Errorf("bus: connect to %s: %w", cfg.URLs, err)
+			return nil, fmt.Errorf("bus: connect to %s: %w", redactURLs(cfg.URLs), err)
 		}
 		if !b.nc.IsConnected() {
-			b.log.Warn("nats server unreachable, retrying in the background", logKeyURL, cfg.URLs)
+			b.log.Warn("nats server unreachable, retrying in the background", logKeyURL, redactURLs(cfg.URLs))
 		}
 	}
 	if cfg.JetStream {
@@ -433,7 +433,7 @@ func (b *Bus) InProcessConn() (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(b.cfg.URLs, nats.Name("onebitd client"))
 	if err != nil {
-		return nil, fmt.Errorf("bus: connect to %s: %w", b.cfg.URLs, err)
+		return nil, fmt.Errorf("bus: connect to %s: %w", redactURLs(b.cfg.URLs), err)
 	}
 	return nc, nil
 }
@@ -482,7 +482,7 @@ func (b *Bus) Close() error {
 			b.log.Warn("nats bus closed with drops", logKeyDropped, d)
 		}
 	})
-	return b.closeErr
+	return nil
 }
 
 func (b *Bus) shutdownServer() {
@@ -491,4 +491,21 @@ func (b *Bus) shutdownServer() {
 	}
 	b.srv.Shutdown()
 	b.srv.WaitForShutdown()
+}
+
+// redactURLs hides the secrets of a comma-separated URL list for logs: the
+// password, or a bare user (NATS reads it as a token).
+func redactURLs(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		p = strings.TrimSpace(p)
+		if u, err := url.Parse(p); err == nil && u.User != nil {
+			if _, ok := u.User.Password(); !ok {
+				u.User = url.User("xxxxx")
+			}
+			p = u.Redacted()
+		}
+		parts[i] = p
+	}
+	return strings.Join(parts, ",")
 }

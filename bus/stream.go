@@ -153,7 +153,7 @@ func StreamEvents(ctx context.Context, urls, stream string) func(yield func(even
 	return func(yield func(event.Event, error) bool) {
 		nc, err := nats.Connect(urls, nats.Name("onebitd replay"))
 		if err != nil {
-			yield(event.Event{}, fmt.Errorf("bus: connect to %s: %w", urls, err))
+			yield(event.Event{}, fmt.Errorf("bus: connect to %s: %w", redactURLs(urls), err))
 			return
 		}
 		defer nc.Close()
@@ -164,7 +164,7 @@ func StreamEvents(ctx context.Context, urls, stream string) func(yield func(even
 		}
 		s, err := js.Stream(ctx, stream)
 		if err != nil {
-			yield(event.Event{}, fmt.Errorf("bus: stream %s on %s: %w", stream, urls, err))
+			yield(event.Event{}, fmt.Errorf("bus: stream %s on %s: %w", stream, redactURLs(urls), err))
 			return
 		}
 		last := s.CachedInfo().State.LastSeq
