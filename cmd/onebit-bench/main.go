@@ -1,0 +1,115 @@
+// Command onebit-bench is onebitd's side-by-side performance harness (make
+// bench): it starts the decoder simulator, the sim provider and onebitd from
+// bin/ as real processes on loopback, measures the handoff against prompt
+// length, the proxy overhead and the event pipeline in one run, prints the
+// markdown report and writes it (with the plot beside it) to -out.
+//
+//	onebit-bench [-out docs/BENCHMARKS.md] [-bin bin] [-gobench bench.out]
+//	             [-scale 1] [-sections handoff,proxy,pipeline] [-cpuprofile FILE]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/onebitd/onebitd/internal/benchharness"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	fs := flag.NewFlagSet("onebit-bench", flag.ContinueOnError)
+	out := fs.String("out", "", "write the markdown report here (and the plot beside it); empty: stdout only")
+	bin := fs.String("bin", "bin", "directory of the built binaries (make build)")
+	gobench := fs.String("gobench", "bench.out", "`go test -bench` output to include (missing file: skipped)")
+	scale := fs.Float64("scale", 1, "multiply every request count (0.1 for a quick look; counts never drop below 3)")
+	sections := fs.String("sections", "handoff,proxy,pipeline", "sections to run, comma-separated")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the handoff section (in-process onebitd included) here")
+	limit := fs.Duration("timeout", 15*time.Minute, "give up after this long")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "onebit-bench: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, *limit)
+	defer cancel()
+
+	work, err := os.MkdirTemp("", "onebit-bench")
+	if err != nil {
+		log.Error("scratch dir", "error", err)
+		return 1
+	}
+	defer os.RemoveAll(work)
+	cfg := benchharness.Config{BinDir: *bin, WorkDir: work, Scale: *scale, CPUProfile: *cpuprofile, Logger: log}
+	if *sections != "" {
+		cfg.Sections = strings.Split(*sections, ",")
+	}
+	if *gobench != "" {
+		if _, err := os.Stat(*gobench); err == nil {
+			cfg.GoBench = *gobench
+		}
+	}
+	res, err := benchharness.Run(ctx, cfg)
+	if err != nil {
+		log.Error("benchmark failed", "error", err)
+		return 1
+	}
+	if err := res.Markdown(os.Stdout); err != nil {
+		return 1
+	}
+	if *out == "" {
+		return 0
+	}
+	if err := writeReport(*out, res); err != nil {
+		log.Error("write report", "error", err)
+		return 1
+	}
+	log.Info("report written", "path", *out, "took", res.Took.Round(time.Second))
+	return 0
+}
+
+// writeReport writes the markdown to path and the plot beside it.
+func writeReport(path string, res *benchharness.Results) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := res.Markdown(f); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if res.Handoff == nil {
+		return nil
+	}
+	p, err := os.Create(filepath.Join(filepath.Dir(path), benchharness.PlotFile))
+	if err != nil {
+		return err
+	}
+	if err := res.Handoff.Plot(p); err != nil {
+		p.Close()
+		return err
+	}
+	return p.Close()
+}

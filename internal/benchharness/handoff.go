@@ -1,0 +1,401 @@
+package benchharness
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"time"
+
+	"github.com/onebitd/onebitd/bus"
+	"github.com/onebitd/onebitd/decoder"
+	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/eventlog"
+	"github.com/onebitd/onebitd/handlers"
+	"github.com/onebitd/onebitd/machine"
+	"github.com/onebitd/onebitd/provider"
+	"github.com/onebitd/onebitd/slots"
+)
+
+// HandoffSizes are the prompt lengths of section a (tokens, BOS included).
+var HandoffSizes = []int{251, 3189, 12722}
+
+// Handoff geometry: -c 20480 with the sim's default 114688-byte cells is
+// 2240 MiB of KV (3 memfd chunks of at most 1 GiB).
+const (
+	HandoffCtx      = 20480
+	HandoffCellSize = 114688
+)
+
+// Phases of the handoff, named after the event that ends them.
+const (
+	PhaseListen  = "listen"  // received → listen: the share socket is bound
+	PhaseShare   = "share"   // listen → share: ?action=share answered, message received and checked
+	PhasePrefill = "prefill" // → prefill: tokens (and layout) files written, provider run
+	PhaseAdopt   = "adopt"   // prefill → adopt: ?action=adopt answered, fds closed, files removed
+	PhaseRestore = "restore" // prefill → restore: ?action=restore answered, files removed
+	PhaseForward = "forward" // adopt/restore → forward: the request is on its way to the decoder
+)
+
+// routePhases are the phases of each route, in order.
+var routePhases = map[string][]string{
+	string(machine.RouteShared): {PhaseListen, PhaseShare, PhasePrefill, PhaseAdopt, PhaseForward},
+	string(machine.RouteFile):   {PhasePrefill, PhaseRestore, PhaseForward},
+}
+
+// phaseCall is the outside call inside each phase, subtracted to get
+// onebitd's own time.
+var phaseCall = map[string]string{PhaseShare: opShare, PhasePrefill: opProvider, PhaseAdopt: opAdopt, PhaseRestore: opRestore}
+
+// HandoffRow is one route at one prompt length.
+type HandoffRow struct {
+	Route  string
+	Tokens int
+	// Raw is each phase of the onebitd process, from its event log.
+	Raw map[string]Summary
+	// Handoff is the decoder-facing handoff of the onebitd process (shared:
+	// share + adopt phases; file: restore phase), raw: decoder work included.
+	Handoff Summary
+	// Client is the whole request as the client saw it (onebitd process).
+	Client Summary
+	// InRaw and Own are the same phases of the in-process onebitd: raw, and
+	// minus the outside call inside each (decoder round trip, provider run),
+	// per request.
+	InRaw map[string]Summary
+	Own   map[string]Summary
+	// Handling is onebitd's own time around the decoder's handoff calls
+	// (shared: listen + share + adopt; file: restore), OwnTotal every phase.
+	Handling Summary
+	OwnTotal Summary
+	// RTT is the decoder round trip per call (share, adopt, restore,
+	// tokenize); Reported the decoder's own timings.*_ms of its reply.
+	RTT      map[string]Summary
+	Reported map[string]Summary
+	Provider Summary
+	// Fallbacks counts requests that did not take the route (not sampled).
+	Fallbacks int
+}
+
+// HandoffResult is section a.
+type HandoffResult struct {
+	Rows   []HandoffRow
+	Rounds int
+}
+
+// Row finds the row of route at tokens.
+func (r *HandoffResult) Row(route string, tokens int) *HandoffRow {
+	for i := range r.Rows {
+		if r.Rows[i].Route == route && r.Rows[i].Tokens == tokens {
+			return &r.Rows[i]
+		}
+	}
+	return nil
+}
+
+// handoffStack is one route: a simulator, a onebitd process and an
+// in-process onebitd (the same packages, outside calls timed) in front of
+// the same simulator. Requests are sent one at a time.
+type handoffStack struct {
+	route    string
+	sim      *Proc
+	proc     *Proc
+	procURL  string
+	stateDir string
+	inURL    string
+	calls    *callLog
+	events   *eventsByRequest
+	stops    []func()
+}
+
+func (s *handoffStack) close() {
+	for i := len(s.stops) - 1; i >= 0; i-- {
+		s.stops[i]()
+	}
+	s.stops = nil
+}
+
+func newHandoffStack(ctx context.Context, c *Config, route machine.Route, model string) (_ *handoffStack, err error) {
+	s := &handoffStack{route: string(route), stateDir: filepath.Join(c.WorkDir, "handoff-"+string(route)), calls: &callLog{}, events: &eventsByRequest{}}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+	slotDir := filepath.Join(s.stateDir, "slots")
+	if err := os.MkdirAll(slotDir, 0o700); err != nil {
+		return nil, err
+	}
+	sim, simURL, err := startSim(ctx, c, model, "-c", fmt.Sprint(HandoffCtx), "-np", "1", "--cell-size", fmt.Sprint(HandoffCellSize), "--slot-save-path", slotDir)
+	if err != nil {
+		return nil, err
+	}
+	s.sim = sim
+	s.stops = append(s.stops, sim.Stop)
+	args := []string{"--slot-dir", slotDir, "--provider", c.bin("onebit-provider-sim"), "--model", model}
+	if route == machine.RouteShared {
+		args = append(args, "--kv-share")
+	}
+	s.proc, s.procURL, err = startOnebitd(ctx, c, simURL, s.stateDir, args...)
+	if err != nil {
+		return nil, err
+	}
+	s.stops = append(s.stops, s.proc.Stop)
+
+	// The in-process onebitd: serve's wiring with the outside calls timed.
+	dec, err := decoder.New(simURL, &http.Client{Transport: &timedTransport{base: decoder.NewTransport(), log: s.calls}})
+	if err != nil {
+		return nil, err
+	}
+	w, _, err := eventlog.Open(filepath.Join(s.stateDir, "inproc-events.jsonl"), eventlog.SyncBatch, nil)
+	if err != nil {
+		return nil, err
+	}
+	s.stops = append(s.stops, func() { _ = w.Close() })
+	b, err := bus.Open(ctx, bus.Config{Listen: bus.ListenOff, Node: "bench-inproc"})
+	if err != nil {
+		return nil, err
+	}
+	s.stops = append(s.stops, func() { _ = b.Close() })
+	prov := &timedProvider{r: &provider.Runner{Path: c.bin("onebit-provider-sim"), Timeout: 60 * time.Second}, log: s.calls}
+	front, err := handlers.New(handlers.Config{
+		Decoder: dec,
+		Pool:    slots.New(1, 256),
+		Handoff: machine.NewHandoff(machine.Config{SlotDir: slotDir, Model: model, Share: route == machine.RouteShared,
+			CheckPeerCreds: true, PeerUID: os.Getuid()}, dec, prov, nil),
+		Sink: event.NewRecorder("bench-inproc", s.events, w, b),
+	})
+	if err != nil {
+		return nil, err
+	}
+	url, stop, err := serveInProcess(front)
+	if err != nil {
+		return nil, err
+	}
+	s.inURL = url
+	s.stops = append(s.stops, stop)
+	return s, nil
+}
+
+// handoffSample is one request's measurements.
+type handoffSample struct {
+	id     string
+	client time.Duration
+	calls  []call
+}
+
+func runHandoff(ctx context.Context, c *Config, log *slog.Logger) (*HandoffResult, error) {
+	model, err := modelFile(c.WorkDir)
+	if err != nil {
+		return nil, err
+	}
+	var stacks []*handoffStack
+	defer func() {
+		for _, s := range stacks {
+			s.close()
+		}
+	}()
+	for _, r := range []machine.Route{machine.RouteFile, machine.RouteShared} {
+		s, err := newHandoffStack(ctx, c, r, model)
+		if err != nil {
+			return nil, fmt.Errorf("handoff %s stack: %w", r, err)
+		}
+		stacks = append(stacks, s)
+	}
+	bodies := map[int][]byte{}
+	for _, n := range HandoffSizes {
+		text := promptText(n)
+		if got := promptTokens(text); got != n {
+			return nil, fmt.Errorf("prompt of %d tokens has %d", n, got)
+		}
+		bodies[n] = completionBody(text, 1, false)
+	}
+	hc := newClient()
+	type key struct {
+		route  string
+		tokens int
+		inproc bool
+	}
+	samples := map[key][]handoffSample{}
+	fallbacks := map[key]int{}
+	one := func(s *handoffStack, n int, inproc bool, keep bool) error {
+		url := s.procURL
+		if inproc {
+			url = s.inURL
+		}
+		s.calls.take()
+		r, err := post(ctx, hc, url+"/completion", bodies[n])
+		if err != nil {
+			return fmt.Errorf("%s route, %d tokens: %w", s.route, n, err)
+		}
+		calls := s.calls.take()
+		k := key{s.route, n, inproc}
+		if r.route != s.route || r.promptN != 1 {
+			fallbacks[k]++
+			log.Warn("handoff did not take the route", "route", s.route, "tokens", n, "got", r.route, "prompt_n", r.promptN)
+			return nil
+		}
+		if keep {
+			samples[k] = append(samples[k], handoffSample{id: r.id, client: r.dur, calls: calls})
+		}
+		return nil
+	}
+	rounds := c.count(30)
+	if c.CPUProfile != "" {
+		f, err := os.Create(c.CPUProfile)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return nil, err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	for round := -2; round < rounds; round++ { // two rounds of warm-up
+		if round%10 == 0 {
+			log.Info("handoff", "round", max(round, 0), "of", rounds)
+		}
+		for _, n := range HandoffSizes {
+			for _, s := range stacks {
+				for _, inproc := range []bool{false, true} {
+					if err := ctx.Err(); err != nil {
+						return nil, err
+					}
+					if err := one(s, n, inproc, round >= 0); err != nil {
+						return nil, err
+					}
+				}
+			}
+		}
+	}
+
+	res := &HandoffResult{Rounds: rounds}
+	for _, s := range stacks {
+		// onebitd flushes its event log when it stops.
+		s.proc.Stop()
+		logged := map[string][]event.Event{}
+		if _, err := eventlog.ReadFile(filepath.Join(s.stateDir, "events.jsonl"), func(_ int, e event.Event) error {
+			logged[e.RequestID] = append(logged[e.RequestID], e)
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("read %s route event log: %w", s.route, err)
+		}
+		for _, n := range HandoffSizes {
+			row, err := handoffRow(s, n, samples[key{s.route, n, false}], samples[key{s.route, n, true}], logged)
+			if err != nil {
+				return nil, err
+			}
+			row.Fallbacks = fallbacks[key{s.route, n, false}] + fallbacks[key{s.route, n, true}]
+			res.Rows = append(res.Rows, row)
+		}
+	}
+	return res, nil
+}
+
+// phasesOf is each phase's duration from a request's events (elapsed_us).
+func phasesOf(route string, evs []event.Event) (map[string]time.Duration, error) {
+	at := map[string]int64{}
+	for _, e := range evs {
+		at[e.Event] = e.ElapsedUS
+	}
+	out := map[string]time.Duration{}
+	prev := int64(0)
+	for _, p := range routePhases[route] {
+		t, ok := at[p]
+		if !ok {
+			return nil, fmt.Errorf("%w: %s route request lacks %q", ErrMissingEvents, route, p)
+		}
+		out[p] = time.Duration(t-prev) * time.Microsecond
+		prev = t
+	}
+	return out, nil
+}
+
+// handoffPart is the decoder-facing part of the handoff per route.
+func handoffPart(route string, ph map[string]time.Duration) time.Duration {
+	if route == string(machine.RouteShared) {
+		return ph[PhaseShare] + ph[PhaseAdopt]
+	}
+	return ph[PhaseRestore]
+}
+
+// handlingPart is onebitd's own handling around the decoder's handoff
+// calls (the target of the shared route: share + adopt handling).
+func handlingPart(route string, own map[string]time.Duration) time.Duration {
+	if route == string(machine.RouteShared) {
+		return own[PhaseListen] + own[PhaseShare] + own[PhaseAdopt]
+	}
+	return own[PhaseRestore]
+}
+
+func handoffRow(s *handoffStack, n int, proc, inproc []handoffSample, logged map[string][]event.Event) (HandoffRow, error) {
+	row := HandoffRow{Route: s.route, Tokens: n, Raw: map[string]Summary{}, InRaw: map[string]Summary{}, Own: map[string]Summary{},
+		RTT: map[string]Summary{}, Reported: map[string]Summary{}}
+	raw := map[string][]time.Duration{}
+	var handoff, client []time.Duration
+	for _, sm := range proc {
+		ph, err := phasesOf(s.route, logged[sm.id])
+		if err != nil {
+			return row, fmt.Errorf("request %s: %w", sm.id, err)
+		}
+		for p, d := range ph {
+			raw[p] = append(raw[p], d)
+		}
+		handoff = append(handoff, handoffPart(s.route, ph))
+		client = append(client, sm.client)
+	}
+	inRaw, own, rtt, rep := map[string][]time.Duration{}, map[string][]time.Duration{}, map[string][]time.Duration{}, map[string][]time.Duration{}
+	var handling, total, prov []time.Duration
+	for _, sm := range inproc {
+		ph, err := phasesOf(s.route, s.events.get(sm.id))
+		if err != nil {
+			return row, fmt.Errorf("in-process request %s: %w", sm.id, err)
+		}
+		o := map[string]time.Duration{}
+		var tot time.Duration
+		for p, d := range ph {
+			inRaw[p] = append(inRaw[p], d)
+			if op, ok := phaseCall[p]; ok {
+				cd, _ := sum(sm.calls, op)
+				d -= cd
+			}
+			o[p] = d
+			own[p] = append(own[p], d)
+			tot += d
+		}
+		handling = append(handling, handlingPart(s.route, o))
+		total = append(total, tot)
+		for _, op := range []string{opTokenize, opShare, opAdopt, opRestore} {
+			if d, r := sum(sm.calls, op); d > 0 {
+				rtt[op] = append(rtt[op], d)
+				if r > 0 {
+					rep[op] = append(rep[op], r)
+				}
+			}
+		}
+		if d, _ := sum(sm.calls, opProvider); d > 0 {
+			prov = append(prov, d)
+		}
+	}
+	for p, ds := range raw {
+		row.Raw[p] = Summarize(ds)
+	}
+	for p, ds := range inRaw {
+		row.InRaw[p] = Summarize(ds)
+	}
+	for p, ds := range own {
+		row.Own[p] = Summarize(ds)
+	}
+	for op, ds := range rtt {
+		row.RTT[op] = Summarize(ds)
+	}
+	for op, ds := range rep {
+		row.Reported[op] = Summarize(ds)
+	}
+	row.Handoff, row.Client = Summarize(handoff), Summarize(client)
+	row.Handling, row.OwnTotal, row.Provider = Summarize(handling), Summarize(total), Summarize(prov)
+	return row, nil
+}

@@ -1,0 +1,58 @@
+package benchharness
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Results is one harness run.
+type Results struct {
+	Machine  Machine
+	Took     time.Duration
+	Handoff  *HandoffResult  // nil when not run
+	Proxy    *ProxyResult    // nil when not run
+	Pipeline *PipelineResult // nil when not run
+	GoBench  []GoBench       // parsed from Config.GoBench
+}
+
+// Run runs the sections c asks for. Every child process is stopped before it
+// returns.
+func Run(ctx context.Context, c Config) (*Results, error) {
+	if c.Scale <= 0 {
+		c.Scale = 1
+	}
+	log := c.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	start := time.Now()
+	res := &Results{Machine: DescribeMachine()}
+	var err error
+	if c.GoBench != "" {
+		if res.GoBench, err = ParseGoBenchFile(c.GoBench); err != nil {
+			return nil, err
+		}
+	}
+	if c.section("handoff") {
+		log.Info("section a: handoff vs prompt length")
+		if res.Handoff, err = runHandoff(ctx, &c, log); err != nil {
+			return nil, fmt.Errorf("handoff: %w", err)
+		}
+	}
+	if c.section("proxy") {
+		log.Info("section b: proxy overhead")
+		if res.Proxy, err = runProxy(ctx, &c, log); err != nil {
+			return nil, fmt.Errorf("proxy: %w", err)
+		}
+	}
+	if c.section("pipeline") {
+		log.Info("section c: event pipeline")
+		if res.Pipeline, err = runPipeline(ctx, &c, log); err != nil {
+			return nil, fmt.Errorf("pipeline: %w", err)
+		}
+	}
+	res.Took = time.Since(start)
+	return res, nil
+}

@@ -1,0 +1,148 @@
+package benchharness
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Proc is a child process started by the harness. Its stderr is scanned for
+// a ready line and its last lines are kept for error messages.
+type Proc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+
+	mu   sync.Mutex
+	tail []string
+}
+
+const (
+	tailLines  = 40
+	readyLimit = 60 * time.Second
+	stopLimit  = 10 * time.Second
+)
+
+// startProc runs bin with args and waits (at most readyLimit) for a stderr
+// line matching ready; it returns the line's first submatch.
+func startProc(ctx context.Context, bin string, ready *regexp.Regexp, args ...string) (*Proc, string, error) {
+	if _, err := os.Stat(bin); err != nil {
+		return nil, "", fmt.Errorf("%w: %s", ErrNoBinary, bin)
+	}
+	p := &Proc{name: filepath.Base(bin), cmd: exec.Command(bin, args...), done: make(chan struct{})}
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	p.cmd.Stdout = io.Discard
+	pr, err := p.cmd.StderrPipe()
+	if err != nil {
+		return nil, "", err
+	}
+	if err := p.cmd.Start(); err != nil {
+		return nil, "", fmt.Errorf("start %s: %w", p.name, err)
+	}
+	found := make(chan string, 1)
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		sent := false
+		for sc.Scan() {
+			line := sc.Text()
+			p.keep(line)
+			if !sent {
+				if m := ready.FindStringSubmatch(line); m != nil {
+					found <- m[1]
+					sent = true
+				}
+			}
+		}
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	go func() {
+		<-scanned // Wait closes the pipe: read it to the end first
+		_ = p.cmd.Wait()
+		close(p.done)
+	}()
+	timer := time.NewTimer(readyLimit)
+	defer timer.Stop()
+	select {
+	case s := <-found:
+		return p, s, nil
+	case <-p.done:
+		return nil, "", fmt.Errorf("%w: %s: %s", ErrExited, p.name, p.Tail())
+	case <-timer.C:
+		p.Stop()
+		return nil, "", fmt.Errorf("%w: %s after %s: %s", ErrNotReady, p.name, readyLimit, p.Tail())
+	case <-ctx.Done():
+		p.Stop()
+		return nil, "", ctx.Err()
+	}
+}
+
+func (p *Proc) keep(line string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.tail) == tailLines {
+		p.tail = append(p.tail[:0], p.tail[1:]...)
+	}
+	p.tail = append(p.tail, line)
+}
+
+// Tail is the last lines the process wrote to stderr.
+func (p *Proc) Tail() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.tail, "\n")
+}
+
+// PID is the child's process id.
+func (p *Proc) PID() int { return p.cmd.Process.Pid }
+
+// Stop sends SIGTERM, waits up to stopLimit, then kills the process group.
+func (p *Proc) Stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	t := time.NewTimer(stopLimit)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-t.C:
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// RSS is the resident set size of pid (VmRSS of /proc/PID/status) in bytes.
+func RSS(pid int) (int64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(rest) // "12345 kB"
+			if len(f) == 2 && f[1] == "kB" {
+				kb, err := strconv.ParseInt(f[0], 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("VmRSS of %d: %w", pid, err)
+				}
+				return kb << 10, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("VmRSS of %d: not in /proc/%d/status", pid, pid)
+}
