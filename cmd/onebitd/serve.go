@@ -359,11 +359,11 @@ func openEvents(ctx context.Context, c *serveConfig, log *slog.Logger) (event.Si
 	}
 	sinks = append(sinks, b)
 	closers = append(closers, func() {
-		st := b.Stats()
-		log.Info("nats bus closed", "published", st.Published, "dropped", st.Dropped)
 		if err := b.Close(); err != nil {
 			log.Warn("nats close", "error", err)
 		}
+		st := b.Stats() // after Close: the drain's publishes and drops count
+		log.Info("nats bus closed", "published", st.Published, "dropped", st.Dropped)
 	})
 	if u := b.ClientURL(); u != "" {
 		log.Info("events on nats", "url", u, "subjects", "onebit.>", "watch", "onebitd watch --nats-url "+u)
