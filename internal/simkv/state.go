@@ -2,6 +2,7 @@ package simkv
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -96,10 +97,14 @@ func ReadState(r io.Reader, model uint64) (st State, nRead int64, err error) {
 	if binary.LittleEndian.Uint64(hdr[16:]) != StateHash(model) {
 		return st, 0, ErrStateModel
 	}
-	body := make([]byte, n*4+n*2*RecordSize)
-	if _, err := io.ReadFull(tr, body); err != nil {
-		return st, 0, fmt.Errorf("%w: %v", ErrStateChecksum, err)
+	// Grow with the bytes that actually arrive: a header claiming many
+	// cells does not make a short file allocate for them.
+	size := int64(n*4 + n*2*RecordSize)
+	var bodyBuf bytes.Buffer
+	if got, err := io.CopyN(&bodyBuf, tr, size); err != nil {
+		return st, 0, fmt.Errorf("%w: %d of %d bytes: %v", ErrStateChecksum, got, size, err)
 	}
+	body := bodyBuf.Bytes()
 	want := h.Sum64()
 	var sum [8]byte
 	if _, err := io.ReadFull(br, sum[:]); err != nil || binary.LittleEndian.Uint64(sum[:]) != want {
