@@ -59,6 +59,12 @@ func checkLength(n uint32) error {
 // ErrVersion instead: a newer decoder's header is a version mismatch, not bad
 // JSON.
 func decodeHeader(raw []byte, nfds int) (Header, error) {
+	if h, ok := fastHeader(raw); ok {
+		if err := h.Validate(nfds); err != nil {
+			return Header{}, err
+		}
+		return h, nil
+	}
 	var h Header
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
