@@ -211,7 +211,7 @@ func (c *Client) Share(ctx context.Context, slot int, socket string) (ShareReply
 	if err != nil {
 		var ae *APIError
 		if errors.As(err, &ae) && ae.Status == http.StatusBadRequest && strings.Contains(strings.ToLower(ae.Message), "invalid action") {
-			return r, fmt.Errorf("%w: %v", ErrNoShare, err)
+			return r, fmt.Errorf("%w: %w", ErrNoShare, err)
 		}
 		return r, err
 	}
