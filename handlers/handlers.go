@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -174,12 +175,46 @@ func (s *Server) completion(k kind) http.Handler {
 		}
 		fields["id_slot"] = json.RawMessage(strconv.Itoa(slot))
 		fields["cache_prompt"] = json.RawMessage("true")
-		out, err := json.Marshal(fields)
-		if err != nil { // cannot happen: every value is valid JSON
-			out = body
-		}
-		s.forward(w, r, m, out)
+		s.forward(w, r, m, encodeFields(fields, len(body)))
 	})
+}
+
+// encodeFields writes fields as a JSON object, keys sorted (as
+// json.Marshal does), values verbatim: each is a valid JSON value that
+// json.Unmarshal cut out of the request body, so it needs none of
+// json.Marshal's compaction and HTML escaping, which cost ~285 µs on a
+// 12 700-token prompt. size is a capacity hint.
+func encodeFields(fields map[string]json.RawMessage, size int) []byte {
+	keys := make([]string, 0, len(fields))
+	for k := range fields {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	out := make([]byte, 0, size+64)
+	out = append(out, '{')
+	for i, k := range keys {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = appendKey(out, k)
+		out = append(out, ':')
+		out = append(out, fields[k]...)
+	}
+	return append(out, '}')
+}
+
+// appendKey appends k as a JSON string: verbatim when it is plain printable
+// ASCII, else through json.Marshal (escapes).
+func appendKey(out []byte, k string) []byte {
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
+			q, _ := json.Marshal(k) // a string always marshals
+			return append(out, q...)
+		}
+	}
+	out = append(out, '"')
+	out = append(out, k...)
+	return append(out, '"')
 }
 
 // tokens is the prompt's token ids as the decoder will see them. An error
