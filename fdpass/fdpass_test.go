@@ -163,14 +163,3 @@ func fdCount(t testing.TB) int {
 	return len(es)
 }
 
-// waitFor polls cond until it holds or the bound passes.
-func waitFor(t testing.TB, bound time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(bound)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", bound, what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}

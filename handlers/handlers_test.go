@@ -176,6 +176,9 @@ func TestDecoderDown(t *testing.T) {
 	}
 	// Other paths: the proxy's own 503.
 	resp, raw = post(t, f.url+"/tokenize", `{"content":"x"}`)
+	if resp.StatusCode != 503 {
+		t.Fatalf("proxy to a dead decoder: %d", resp.StatusCode)
+	}
 	errorShape(t, raw, 503, typeUnavailable)
 }
 

@@ -73,7 +73,7 @@ func TestNextDependsOnFold(t *testing.T) {
 
 func TestLayoutHash(t *testing.T) {
 	base := Layout{ModelHash: 1, NCtx: 20480, NLayer: 28, CellSize: DefaultCellSize, KVTypeK: "f16", KVTypeV: "f16", FlashAttn: true, NBatch: 2048, NUbatch: 512}
-	if base.Hash() != base.Hash() || len(base.Hash()) != 16 {
+	if again := base; again.Hash() != base.Hash() || len(base.Hash()) != 16 {
 		t.Fatal("hash not stable")
 	}
 	for name, mod := range map[string]func(*Layout){
