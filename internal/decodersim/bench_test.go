@@ -40,8 +40,10 @@ func BenchmarkShareFlatInCtx(b *testing.B) {
 }
 
 // TestShareFlatInCtx prints the share cost ratio 20480/512 (medians of the
-// decoder's share_ms and of the round trip) and checks it stays flat: the
-// share passes fds, it copies nothing.
+// decoder's share_ms and of the round trip), measured side by side. It
+// asserts nothing about time (these machines are noisy): that a share
+// copies and touches nothing is asserted by the mincore/fstat test, and the
+// numbers come from here and from BenchmarkShareFlatInCtx.
 func TestShareFlatInCtx(t *testing.T) {
 	if testing.Short() {
 		t.Skip("timing test")
@@ -69,9 +71,6 @@ func TestShareFlatInCtx(t *testing.T) {
 	}
 	ratio := shareMs[1] / shareMs[0]
 	t.Logf("share_ms ratio ctx20480/ctx512 = %.2f, round trip ratio = %.2f", ratio, rtt[1]/rtt[0])
-	if ratio > 4 {
-		t.Errorf("share is not flat in the context size: ratio %.2f", ratio)
-	}
 }
 
 func median(v []float64) float64 {
