@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -131,4 +133,35 @@ func countDone(evs []event.Event) int {
 		}
 	}
 	return n
+}
+
+// TestJetStreamReplay: with --jetstream the embedded server keeps every
+// event in stream ONEBIT (store in the state dir), and `onebitd replay
+// --nats-url … --stream ONEBIT` audits the same requests as the log.
+func TestJetStreamReplay(t *testing.T) {
+	port := freePort(t)
+	url := "nats://127.0.0.1:" + strconv.Itoa(port)
+	e := newEnv(t, envOpts{provider: true, share: true,
+		onebitArgs: []string{"--nats-listen", "127.0.0.1:" + strconv.Itoa(port), "--jetstream"}})
+	for i := range 4 {
+		if r := complete(t, e.onebitURL, epCompletion, i%2 == 0, prompt(uint64(70+i), 200), 4); r.status != 200 || r.route != "shared" {
+			t.Fatalf("%d %s", r.status, r.route)
+		}
+	}
+	var fromLog, fromStream []byte
+	waitFor(t, 10*time.Second, "the stream to hold every logged event", func() bool {
+		var err error
+		fromLog, err = exec.Command(bins.onebitd, "replay", "--json", e.eventLog()).Output()
+		if err != nil {
+			t.Fatalf("replay log: %v", err)
+		}
+		fromStream, err = exec.Command(bins.onebitd, "replay", "--json", "--nats-url", url, "--stream", "ONEBIT").Output()
+		return err == nil && bytes.Count(fromStream, []byte("\n")) == bytes.Count(fromLog, []byte("\n"))
+	})
+	if countDone(logEvents(t, e)) != 4 {
+		t.Fatal("log incomplete")
+	}
+	if _, err := os.Stat(filepath.Join(e.stateDir, "jetstream")); err != nil {
+		t.Fatalf("JetStream store not in the state dir: %v", err)
+	}
 }
