@@ -9,10 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
-	"unicode/utf8"
 
+	"github.com/onebitd/onebitd/decoder"
 	"github.com/onebitd/onebitd/fdpass"
 	"github.com/onebitd/onebitd/internal/simkv"
 )
@@ -77,7 +76,7 @@ func filenameBody(r *http.Request) (string, *apiError) {
 	if err := json.Unmarshal(raw, &name); err != nil {
 		return "", apiErr(errServer, "[json.exception.type_error.302] type must be string, but is %s", jsonKind(raw))
 	}
-	if !validFilename(name) {
+	if !decoder.ValidFilename(name) {
 		return "", apiErr(errInvalidRequest, "Invalid filename")
 	}
 	return name, nil
@@ -99,26 +98,6 @@ func jsonKind(raw json.RawMessage) string {
 		return "null"
 	}
 	return "number"
-}
-
-// validFilename is llama.cpp's fs_validate_filename (no subdirectories).
-func validFilename(name string) bool {
-	if name == "" || len(name) > 255 || !utf8.ValidString(name) {
-		return false
-	}
-	for _, c := range name {
-		switch {
-		case c <= 0x1f, c == 0x7f, c >= 0x80 && c <= 0x9f,
-			c == 0xff0e, c == 0x2215, c == 0x2216,
-			c >= 0xd800 && c <= 0xdfff, c == 0xfffd, c == 0xfeff,
-			strings.ContainsRune(`:*?"<>|/\`, c):
-			return false
-		}
-	}
-	if name[0] == ' ' || name[len(name)-1] == ' ' || name[len(name)-1] == '.' {
-		return false
-	}
-	return !strings.Contains(name, "..") && name != "."
 }
 
 type saveReply struct {

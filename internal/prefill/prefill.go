@@ -44,7 +44,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
+
+	"github.com/onebitd/onebitd/decoder"
 )
 
 // Errors of this package.
@@ -128,7 +129,7 @@ func (c *Config) check() error {
 		return bad("--prefill-url %q: want http://host:port", c.PrefillURL)
 	}
 	c.PrefillURL = strings.TrimRight(c.PrefillURL, "/")
-	if !ValidFilename(filepath.Base(c.StatePath)) || strings.HasSuffix(c.StatePath, "/") {
+	if !decoder.ValidFilename(filepath.Base(c.StatePath)) || strings.HasSuffix(c.StatePath, "/") {
 		return bad("--state %q: its file name is not one llama-server accepts", c.StatePath)
 	}
 	if fi, err := os.Stat(filepath.Dir(c.StatePath)); err != nil || !fi.IsDir() {
@@ -141,27 +142,6 @@ func (c *Config) check() error {
 		c.HTTP = &http.Client{}
 	}
 	return nil
-}
-
-// ValidFilename is llama.cpp's fs_validate_filename: what a slot action
-// accepts as a filename.
-func ValidFilename(name string) bool {
-	if name == "" || len(name) > 255 || !utf8.ValidString(name) {
-		return false
-	}
-	for _, c := range name {
-		switch {
-		case c <= 0x1f, c == 0x7f, c >= 0x80 && c <= 0x9f,
-			c == 0xff0e, c == 0x2215, c == 0x2216,
-			c >= 0xd800 && c <= 0xdfff, c == 0xfffd, c == 0xfeff,
-			strings.ContainsRune(`:*?"<>|/\`, c):
-			return false
-		}
-	}
-	if name[0] == ' ' || name[len(name)-1] == ' ' || name[len(name)-1] == '.' {
-		return false
-	}
-	return !strings.Contains(name, "..") && name != "."
 }
 
 // Run does one prefill (see the package comment).

@@ -418,19 +418,6 @@ func FuzzParseTokens(f *testing.F) {
 	})
 }
 
-func TestValidFilename(t *testing.T) {
-	for name, want := range map[string]bool{
-		"abc.bin": true, "0123456789abcdef.bin": true,
-		"": false, ".": false, "..": false, "a..b": false, "a/b": false, `a\b`: false,
-		"a:b": false, " a": false, "a ": false, "a.": false, strings.Repeat("x", 256): false,
-		"\xff": false, "a\x00": false,
-	} {
-		if got := ValidFilename(name); got != want {
-			t.Errorf("ValidFilename(%q) = %v", name, got)
-		}
-	}
-}
-
 // TestConcurrentRuns: onebitd runs providers concurrently; every state file
 // must hold its own prompt, on one prefill slot or spread over several.
 func TestConcurrentRuns(t *testing.T) {
