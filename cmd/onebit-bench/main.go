@@ -6,6 +6,7 @@
 //
 //	onebit-bench [-out docs/BENCHMARKS.md] [-bin bin] [-gobench bench.out]
 //	             [-scale 1] [-sections handoff,proxy,pipeline] [-cpuprofile FILE]
+//	             [-slot-base /dev/shm] [-timeout 15m]
 package main
 
 import (
@@ -25,6 +26,9 @@ import (
 )
 
 func main() {
+	if code, ok := benchharness.BareProxyMain(); ok {
+		os.Exit(code)
+	}
 	os.Exit(run(os.Args[1:]))
 }
 
@@ -36,6 +40,7 @@ func run(args []string) int {
 	scale := fs.Float64("scale", 1, "multiply every request count (0.1 for a quick look; counts never drop below 3)")
 	sections := fs.String("sections", "handoff,proxy,pipeline", "sections to run, comma-separated")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the handoff section (in-process onebitd included) here")
+	slotBase := fs.String("slot-base", defaultSlotBase(), "where the handoff's slot directories go (tmpfs recommended; empty: the scratch dir)")
 	limit := fs.Duration("timeout", 15*time.Minute, "give up after this long")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -59,7 +64,7 @@ func run(args []string) int {
 		return 1
 	}
 	defer os.RemoveAll(work)
-	cfg := benchharness.Config{BinDir: *bin, WorkDir: work, Scale: *scale, CPUProfile: *cpuprofile, Logger: log}
+	cfg := benchharness.Config{BinDir: *bin, WorkDir: work, Scale: *scale, CPUProfile: *cpuprofile, SlotBase: *slotBase, Logger: log}
 	if *sections != "" {
 		cfg.Sections = strings.Split(*sections, ",")
 	}
@@ -85,6 +90,15 @@ func run(args []string) int {
 	}
 	log.Info("report written", "path", *out, "took", res.Took.Round(time.Second))
 	return 0
+}
+
+// defaultSlotBase is /dev/shm when it is a writable directory.
+func defaultSlotBase() string {
+	const shm = "/dev/shm"
+	if fi, err := os.Stat(shm); err == nil && fi.IsDir() && syscall.Access(shm, 2) == nil {
+		return shm
+	}
+	return ""
 }
 
 // writeReport writes the markdown to path and the plot beside it.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"strings"
 	"time"
 
 	"github.com/onebitd/onebitd/bus"
@@ -83,6 +84,7 @@ type HandoffRow struct {
 type HandoffResult struct {
 	Rows   []HandoffRow
 	Rounds int
+	SlotFS string // file system of the slot directories, from /proc/mounts
 }
 
 // Row finds the row of route at tokens.
@@ -104,6 +106,7 @@ type handoffStack struct {
 	proc     *Proc
 	procURL  string
 	stateDir string
+	slotDir  string
 	inURL    string
 	calls    *callLog
 	events   *eventsByRequest
@@ -125,9 +128,18 @@ func newHandoffStack(ctx context.Context, c *Config, route machine.Route, model 
 		}
 	}()
 	slotDir := filepath.Join(s.stateDir, "slots")
+	if c.SlotBase != "" {
+		d, err := os.MkdirTemp(c.SlotBase, "onebit-bench-slots-")
+		if err != nil {
+			return nil, err
+		}
+		s.stops = append(s.stops, func() { _ = os.RemoveAll(d) })
+		slotDir = filepath.Join(d, string(route))
+	}
 	if err := os.MkdirAll(slotDir, 0o700); err != nil {
 		return nil, err
 	}
+	s.slotDir = slotDir
 	sim, simURL, err := startSim(ctx, c, model, "-c", fmt.Sprint(HandoffCtx), "-np", "1", "--cell-size", fmt.Sprint(HandoffCellSize), "--slot-save-path", slotDir)
 	if err != nil {
 		return nil, err
@@ -272,7 +284,7 @@ func runHandoff(ctx context.Context, c *Config, log *slog.Logger) (*HandoffResul
 		}
 	}
 
-	res := &HandoffResult{Rounds: rounds}
+	res := &HandoffResult{Rounds: rounds, SlotFS: fsOf(stacks[0].slotDir)}
 	for _, s := range stacks {
 		// onebitd flushes its event log when it stops.
 		s.proc.Stop()
@@ -398,4 +410,28 @@ func handoffRow(s *handoffStack, n int, proc, inproc []handoffSample, logged map
 	row.Handoff, row.Client = Summarize(handoff), Summarize(client)
 	row.Handling, row.OwnTotal, row.Provider = Summarize(handling), Summarize(total), Summarize(prov)
 	return row, nil
+}
+
+// fsOf is "TYPE at MOUNTPOINT" of the mount holding path (/proc/mounts,
+// longest mount point that is a prefix), or "" when unknown.
+func fsOf(path string) string {
+	b, err := os.ReadFile("/proc/mounts")
+	if err != nil {
+		return ""
+	}
+	best, typ := "", ""
+	for line := range strings.SplitSeq(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 {
+			continue
+		}
+		mp := f[1]
+		if (path == mp || strings.HasPrefix(path, strings.TrimSuffix(mp, "/")+"/")) && len(mp) > len(best) {
+			best, typ = mp, f[2]
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return typ + " at " + best
 }

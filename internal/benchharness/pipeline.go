@@ -262,7 +262,7 @@ func replay(ctx context.Context, c *Config, res *PipelineResult) error {
 }
 
 func rss(ctx context.Context, c *Config, res *PipelineResult) error {
-	s, err := newPlainStack(ctx, c, "rss")
+	s, err := newPlainStack(ctx, c, "rss", false)
 	if err != nil {
 		return err
 	}

@@ -36,10 +36,18 @@ const (
 // startProc runs bin with args and waits (at most readyLimit) for a stderr
 // line matching ready; it returns the line's first submatch.
 func startProc(ctx context.Context, bin string, ready *regexp.Regexp, args ...string) (*Proc, string, error) {
+	return startProcEnv(ctx, bin, nil, ready, args...)
+}
+
+// startProcEnv is startProc with env added to this process's environment.
+func startProcEnv(ctx context.Context, bin string, env []string, ready *regexp.Regexp, args ...string) (*Proc, string, error) {
 	if _, err := os.Stat(bin); err != nil {
 		return nil, "", fmt.Errorf("%w: %s", ErrNoBinary, bin)
 	}
 	p := &Proc{name: filepath.Base(bin), cmd: exec.Command(bin, args...), done: make(chan struct{})}
+	if env != nil {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	p.cmd.Stdout = io.Discard
 	pr, err := p.cmd.StderrPipe()
@@ -124,6 +132,30 @@ func (p *Proc) Stop() {
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 		<-p.done
 	}
+}
+
+// CPUTime is the user + system CPU time pid has used (/proc/PID/stat,
+// clock ticks of 10 ms).
+func CPUTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces: count from its ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64) // field 14
+	st, err2 := strconv.ParseInt(f[12], 10, 64) // field 15
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: bad utime/stime", pid)
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond, nil
 }
 
 // RSS is the resident set size of pid (VmRSS of /proc/PID/status) in bytes.

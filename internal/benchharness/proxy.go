@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,44 +25,58 @@ const (
 // ProxyConcurrency are the throughput runs of section b.
 var ProxyConcurrency = []int{8, 64}
 
+// Proxy targets: the decoder directly, a bare Go reverse proxy in front of
+// it (the floor of any HTTP hop), onebitd's plain route.
+const (
+	TargetDirect  = "direct"
+	TargetBare    = "bare proxy"
+	TargetOnebitd = "onebitd"
+)
+
+// ProxyTargets in report order.
+var ProxyTargets = []string{TargetDirect, TargetBare, TargetOnebitd}
+
 // ProxyResult is section b: the plain route through onebitd against the
-// decoder directly, measured interleaved.
+// decoder directly and against a bare reverse proxy, measured interleaved.
 type ProxyResult struct {
-	// Latency at concurrency 1, one request of each in turn.
-	Direct, Via Summary
-	Added       Summary // per pair: via - direct
-	// Time to the first byte of a streamed answer.
-	DirectTTFB, ViaTTFB, AddedTTFB Summary
-	Throughput                     []ThroughputRow
+	// Latency and TTFB (first byte of a streamed answer) at concurrency 1
+	// per target; Added* are per-round differences: onebitd − direct, bare −
+	// direct, onebitd − bare.
+	Latency, TTFB              map[string]Summary
+	Added, AddedBare, AddedOwn Summary
+	TTFBAdded, TTFBAddedBare   Summary
+	TTFBAddedOwn               Summary
+	Throughput                 []ThroughputRow
 }
 
-// ThroughputRow is one concurrency level: requests per second and
-// latencies, direct and through onebitd.
+// ThroughputRow is one concurrency level per target: requests per second,
+// latency, and CPU time per request of each process (from /proc/PID/stat).
 type ThroughputRow struct {
-	Concurrency           int
-	DirectRPS, ViaRPS     float64
-	DirectLat, ViaLat     Summary
-	DirectCount, ViaCount int
-	Errors                int
+	Concurrency int
+	RPS         map[string]float64
+	Lat         map[string]Summary
+	// CPU per request: the decoder, the proxy (bare or onebitd; 0 direct)
+	// and the load generator.
+	DecoderCPU, ProxyCPU, ClientCPU map[string]time.Duration
+	Errors                          int
 }
 
-// plainStack is a simulator with proxySlots slots and a plain-route
-// onebitd in front of it.
+// plainStack is a simulator with proxySlots slots, a plain-route onebitd
+// and a bare proxy in front of it.
 type plainStack struct {
-	sim, proc       *Proc
-	simURL, procURL string
+	sim, proc, bare          *Proc
+	simURL, procURL, bareURL string
 }
 
 func (s *plainStack) close() {
-	if s.proc != nil {
-		s.proc.Stop()
-	}
-	if s.sim != nil {
-		s.sim.Stop()
+	for _, p := range []*Proc{s.bare, s.proc, s.sim} {
+		if p != nil {
+			p.Stop()
+		}
 	}
 }
 
-func newPlainStack(ctx context.Context, c *Config, name string) (*plainStack, error) {
+func newPlainStack(ctx context.Context, c *Config, name string, bare bool) (*plainStack, error) {
 	model, err := modelFile(c.WorkDir)
 	if err != nil {
 		return nil, err
@@ -75,11 +91,71 @@ func newPlainStack(ctx context.Context, c *Config, name string) (*plainStack, er
 		s.close()
 		return nil, err
 	}
+	if bare {
+		s.bare, s.bareURL, err = startBareProxy(ctx, s.simURL)
+		if err != nil {
+			s.close()
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
+func (s *plainStack) url(target string) string {
+	switch target {
+	case TargetBare:
+		return s.bareURL + "/completion"
+	case TargetOnebitd:
+		return s.procURL + "/completion"
+	}
+	return s.simURL + "/completion"
+}
+
+func (s *plainStack) proxyPID(target string) int {
+	switch target {
+	case TargetBare:
+		return s.bare.PID()
+	case TargetOnebitd:
+		return s.proc.PID()
+	}
+	return 0
+}
+
+// rounds sends n rounds of one request per target (order rotating each
+// round) after 20 rounds of warm-up, and returns each target's durations
+// (whole request, or to the first byte when first).
+func rounds(ctx context.Context, hc *http.Client, s *plainStack, n int, body []byte, first bool) (map[string][]time.Duration, error) {
+	out := map[string][]time.Duration{}
+	for i := -20; i < n; i++ {
+		for j := range ProxyTargets {
+			t := ProxyTargets[(i+20+j)%len(ProxyTargets)]
+			r, err := post(ctx, hc, s.url(t), body)
+			if err != nil {
+				return nil, err
+			}
+			if i < 0 {
+				continue
+			}
+			d := r.dur
+			if first {
+				d = r.first
+			}
+			out[t] = append(out[t], d)
+		}
+	}
+	return out, nil
+}
+
+func diffs(a, b []time.Duration) Summary {
+	d := make([]time.Duration, len(a))
+	for i := range a {
+		d[i] = a[i] - b[i]
+	}
+	return Summarize(d)
+}
+
 func runProxy(ctx context.Context, c *Config, log *slog.Logger) (*ProxyResult, error) {
-	s, err := newPlainStack(ctx, c, "proxy")
+	s, err := newPlainStack(ctx, c, "proxy", true)
 	if err != nil {
 		return nil, err
 	}
@@ -87,76 +163,81 @@ func runProxy(ctx context.Context, c *Config, log *slog.Logger) (*ProxyResult, e
 	hc := newClient()
 	text := promptText(ProxyPromptTokens)
 	body, streamBody := completionBody(text, ProxyNPredict, false), completionBody(text, ProxyNPredict, true)
-	direct, via := s.simURL+"/completion", s.procURL+"/completion"
-	res := &ProxyResult{}
+	res := &ProxyResult{Latency: map[string]Summary{}, TTFB: map[string]Summary{}}
 
-	// Concurrency 1: pairs in alternating order.
-	pairs := func(n int, body []byte, first bool) (d, v, added []time.Duration, err error) {
-		for i := -20; i < n; i++ { // 20 pairs of warm-up
-			var rd, rv reply
-			if i%2 == 0 {
-				if rd, err = post(ctx, hc, direct, body); err == nil {
-					rv, err = post(ctx, hc, via, body)
-				}
-			} else {
-				if rv, err = post(ctx, hc, via, body); err == nil {
-					rd, err = post(ctx, hc, direct, body)
-				}
-			}
-			if err != nil {
-				return nil, nil, nil, err
-			}
-			if i < 0 {
-				continue
-			}
-			td, tv := rd.dur, rv.dur
-			if first {
-				td, tv = rd.first, rv.first
-			}
-			d, v, added = append(d, td), append(v, tv), append(added, tv-td)
-		}
-		return d, v, added, nil
-	}
 	log.Info("proxy: latency at concurrency 1")
-	d, v, a, err := pairs(c.count(500), body, false)
+	lat, err := rounds(ctx, hc, s, c.count(500), body, false)
 	if err != nil {
 		return nil, err
 	}
-	res.Direct, res.Via, res.Added = Summarize(d), Summarize(v), Summarize(a)
 	log.Info("proxy: time to first streamed byte")
-	d, v, a, err = pairs(c.count(300), streamBody, true)
+	ttfb, err := rounds(ctx, hc, s, c.count(300), streamBody, true)
 	if err != nil {
 		return nil, err
 	}
-	res.DirectTTFB, res.ViaTTFB, res.AddedTTFB = Summarize(d), Summarize(v), Summarize(a)
+	for _, t := range ProxyTargets {
+		res.Latency[t], res.TTFB[t] = Summarize(lat[t]), Summarize(ttfb[t])
+	}
+	res.Added = diffs(lat[TargetOnebitd], lat[TargetDirect])
+	res.AddedBare = diffs(lat[TargetBare], lat[TargetDirect])
+	res.AddedOwn = diffs(lat[TargetOnebitd], lat[TargetBare])
+	res.TTFBAdded = diffs(ttfb[TargetOnebitd], ttfb[TargetDirect])
+	res.TTFBAddedBare = diffs(ttfb[TargetBare], ttfb[TargetDirect])
+	res.TTFBAddedOwn = diffs(ttfb[TargetOnebitd], ttfb[TargetBare])
 
 	window := time.Duration(float64(2*time.Second) * min(c.Scale, 1))
 	window = max(window, 300*time.Millisecond)
+	self := os.Getpid()
 	for _, conc := range ProxyConcurrency {
 		log.Info("proxy: throughput", "concurrency", conc)
-		row := ThroughputRow{Concurrency: conc}
-		var dl, vl []time.Duration
-		var dt, vt time.Duration
-		// direct, via, via, direct: each side sees the machine at both ends.
-		for i, url := range []string{direct, via, via, direct} {
-			_ = i
-			lat, took, errs, err := load(ctx, hc, url, body, conc, window, 200_000)
+		row := ThroughputRow{Concurrency: conc, RPS: map[string]float64{}, Lat: map[string]Summary{},
+			DecoderCPU: map[string]time.Duration{}, ProxyCPU: map[string]time.Duration{}, ClientCPU: map[string]time.Duration{}}
+		lats := map[string][]time.Duration{}
+		took := map[string]time.Duration{}
+		cpu := map[string][3]time.Duration{}
+		// Each target twice, in mirrored order, so each sees both ends of
+		// the run.
+		rev := slices.Clone(ProxyTargets)
+		slices.Reverse(rev)
+		order := append(slices.Clone(ProxyTargets), rev...)
+		for _, t := range order {
+			before := cpuOf(s.sim.PID(), s.proxyPID(t), self)
+			l, d, errs, err := load(ctx, hc, s.url(t), body, conc, window, 200_000)
 			if err != nil {
 				return nil, err
 			}
+			after := cpuOf(s.sim.PID(), s.proxyPID(t), self)
 			row.Errors += errs
-			if url == direct {
-				dl, dt = append(dl, lat...), dt+took
-			} else {
-				vl, vt = append(vl, lat...), vt+took
+			lats[t], took[t] = append(lats[t], l...), took[t]+d
+			acc := cpu[t]
+			for i := range acc {
+				acc[i] += after[i] - before[i]
 			}
+			cpu[t] = acc
 		}
-		row.DirectCount, row.ViaCount = len(dl), len(vl)
-		row.DirectRPS, row.ViaRPS = float64(len(dl))/dt.Seconds(), float64(len(vl))/vt.Seconds()
-		row.DirectLat, row.ViaLat = Summarize(dl), Summarize(vl)
+		for _, t := range ProxyTargets {
+			n := len(lats[t])
+			row.RPS[t] = float64(n) / took[t].Seconds()
+			row.Lat[t] = Summarize(lats[t])
+			row.DecoderCPU[t] = cpu[t][0] / time.Duration(n)
+			row.ProxyCPU[t] = cpu[t][1] / time.Duration(n)
+			row.ClientCPU[t] = cpu[t][2] / time.Duration(n)
+		}
 		res.Throughput = append(res.Throughput, row)
 	}
 	return res, nil
+}
+
+// cpuOf is the CPU time of the decoder, the proxy (0 for none) and the
+// load generator.
+func cpuOf(decoder, proxy, client int) [3]time.Duration {
+	var out [3]time.Duration
+	for i, pid := range []int{decoder, proxy, client} {
+		if pid > 0 {
+			out[i], _ = CPUTime(pid)
+		}
+	}
+	return out
 }
 
 // load runs conc workers posting body to url until window has passed or

@@ -51,7 +51,7 @@ func (r *Results) Targets() []Target {
 		ts = append(ts, Target{"plain proxy: added latency at concurrency 1, median of pairs", fmtDur(p.Added.Median), "≤ " + fmtDur(TargetProxyAdded), p.Added.Median <= TargetProxyAdded})
 		for _, t := range p.Throughput {
 			if t.Concurrency == 64 {
-				q := Ratio(t.ViaRPS, t.DirectRPS)
+				q := Ratio(t.RPS[TargetOnebitd], t.RPS[TargetDirect])
 				ts = append(ts, Target{"plain proxy: throughput through onebitd / direct at concurrency 64", fmt.Sprintf("%.0f %%", 100*q), fmt.Sprintf("≥ %.0f %%", 100*TargetThroughput64), q >= TargetThroughput64})
 			}
 		}
@@ -157,8 +157,8 @@ func (r *Results) Markdown(w io.Writer) error {
 func (r *Results) handoffMarkdown(b *strings.Builder) {
 	h := r.Handoff
 	fmt.Fprintf(b, "## a. Handoff vs prompt length\n\n")
-	fmt.Fprintf(b, "`onebit-decoder-sim -c %d -np 1` with %d-byte cells (%d MiB of KV, 3 memfd chunks), `onebit-provider-sim`, one request at a time, %d requests per route and length (plus 2 of warm-up), `n_predict` 1. Every request took its route and the decoder evaluated only the last prompt token (`prompt_n` 1); requests that fell back are counted, not sampled.\n\n",
-		HandoffCtx, HandoffCellSize, HandoffCtx*HandoffCellSize>>20, h.Rounds)
+	fmt.Fprintf(b, "`onebit-decoder-sim -c %d -np 1` with %d-byte cells (%d MiB of KV, 3 memfd chunks), `onebit-provider-sim`, one request at a time, %d requests per route and length (plus 2 of warm-up), `n_predict` 1. Every request took its route and the decoder evaluated only the last prompt token (`prompt_n` 1); requests that fell back are counted, not sampled. Slot directory (share sockets, tokens, layout and state files): %s.\n\n",
+		HandoffCtx, HandoffCellSize, HandoffCtx*HandoffCellSize>>20, h.Rounds, h.SlotFS)
 	b.WriteString("### Phases of the onebitd process (event log `elapsed_us`)\n\n")
 	b.WriteString("Each phase ends with the event that names it and starts with the one before (the first with `received`, after tokenization and the slot). Raw: the decoder's and the provider's work included.\n\n")
 	b.WriteString("| route | tokens | listen | share | prefill (provider run incl.) | adopt / restore | forward | decoder-facing handoff¹ | whole request (client) | fell back |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -204,16 +204,20 @@ func (r *Results) handoffMarkdown(b *strings.Builder) {
 func (r *Results) proxyMarkdown(b *strings.Builder) {
 	p := r.Proxy
 	fmt.Fprintf(b, "## b. Proxy overhead (plain route)\n\n")
-	fmt.Fprintf(b, "`onebit-decoder-sim -c 4096 -np %d`; onebitd without a provider (event log and embedded NATS on, as `onebitd serve` runs by default). `/completion` with a %d-token prompt and `n_predict` %d. Latency: %d pairs, direct and through onebitd in alternating order, after 20 pairs of warm-up; \"added\" is the median of the per-pair differences.\n\n",
+	fmt.Fprintf(b, "`onebit-decoder-sim -c 4096 -np %d`; onebitd without a provider (event log and embedded NATS on, as `onebitd serve` runs by default); a **bare proxy** (`httputil.ReverseProxy` with onebitd's transport, nothing else, a separate process) shows what any Go HTTP hop costs here. `/completion` with a %d-token prompt and `n_predict` %d. Concurrency 1: %d rounds of one request per target, order rotating, after 20 rounds of warm-up; \"added\" is the median of the per-round differences.\n\n",
 		proxySlots, ProxyPromptTokens, ProxyNPredict, p.Added.N)
-	b.WriteString("| concurrency 1 | direct | through onebitd | added |\n|---|---:|---:|---:|\n")
-	fmt.Fprintf(b, "| whole request | %s | %s | %s |\n", fmtSum(p.Direct), fmtSum(p.Via), fmtSum(p.Added))
-	fmt.Fprintf(b, "| first streamed byte (`stream: true`) | %s | %s | %s |\n\n", fmtSum(p.DirectTTFB), fmtSum(p.ViaTTFB), fmtSum(p.AddedTTFB))
-	b.WriteString("Throughput: closed loop, each side run twice (direct, through, through, direct) for a fixed window; the load generator shares the machine's cores with the decoder and onebitd.\n\n")
-	b.WriteString("| concurrency | direct req/s | through onebitd req/s | ratio | direct latency | through latency | errors |\n|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| concurrency 1 | direct | bare proxy | onebitd | bare − direct | onebitd − direct | onebitd − bare (onebitd's own) |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(b, "| whole request | %s | %s | %s | %s | %s | %s |\n", fmtSum(p.Latency[TargetDirect]), fmtSum(p.Latency[TargetBare]), fmtSum(p.Latency[TargetOnebitd]),
+		fmtSum(p.AddedBare), fmtSum(p.Added), fmtSum(p.AddedOwn))
+	fmt.Fprintf(b, "| first streamed byte (`stream: true`) | %s | %s | %s | %s | %s | %s |\n\n", fmtSum(p.TTFB[TargetDirect]), fmtSum(p.TTFB[TargetBare]), fmtSum(p.TTFB[TargetOnebitd]),
+		fmtSum(p.TTFBAddedBare), fmtSum(p.TTFBAdded), fmtSum(p.TTFBAddedOwn))
+	b.WriteString("Throughput: closed loop, each target run twice (direct, bare, onebitd, onebitd, bare, direct) for a fixed window. The load generator, the decoder and the proxy share the machine's cores, so throughput is bounded by the CPU all of them spend per request (from `/proc/PID/stat`, 10 ms ticks).\n\n")
+	b.WriteString("| concurrency | target | req/s | vs direct | latency | CPU/request: decoder | proxy | load generator |\n|---:|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, t := range p.Throughput {
-		fmt.Fprintf(b, "| %d | %.0f | %.0f | %.0f %% | %s | %s | %d |\n", t.Concurrency, t.DirectRPS, t.ViaRPS, 100*Ratio(t.ViaRPS, t.DirectRPS),
-			fmtSum(t.DirectLat), fmtSum(t.ViaLat), t.Errors)
+		for _, tg := range ProxyTargets {
+			fmt.Fprintf(b, "| %d | %s | %.0f | %.0f %% | %s | %s | %s | %s |\n", t.Concurrency, tg, t.RPS[tg], 100*Ratio(t.RPS[tg], t.RPS[TargetDirect]),
+				fmtSum(t.Lat[tg]), fmtDur(t.DecoderCPU[tg]), fmtDur(t.ProxyCPU[tg]), fmtDur(t.ClientCPU[tg]))
+		}
 	}
 	b.WriteString("\n")
 }

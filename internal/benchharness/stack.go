@@ -31,6 +31,11 @@ type Config struct {
 	// CPUProfile, when set, receives a CPU profile of the in-process
 	// handoff runs (onebitd's code as it serves section a's requests).
 	CPUProfile string
+	// SlotBase is where section a's slot directories (share sockets,
+	// tokens, layout and state files) are made; empty: WorkDir. The
+	// command defaults it to /dev/shm (tmpfs), where docs/performance.md
+	// recommends --slot-dir.
+	SlotBase string
 	// Sections to run: any of "handoff", "proxy", "pipeline" (nil: all).
 	Sections []string
 	Logger   *slog.Logger // progress; nil discards
