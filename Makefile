@@ -20,8 +20,8 @@ test-short: ## quick tests (no long end-to-end prompts)
 	$(GO) test -short -count=1 ./...
 
 bench: build ## Go benchmarks of the hot paths + the side-by-side harness (docs/BENCHMARKS.md)
-	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./fdpass ./event ./eventlog ./bus ./internal/decodersim 2>&1 | tee bench.out
-	@if [ -d cmd/onebit-bench ]; then $(GO) run ./cmd/onebit-bench -out docs/BENCHMARKS.md; fi
+	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./fdpass ./event ./eventlog ./bus ./machine ./handlers ./decoder ./internal/decodersim 2>&1 | tee bench.out
+	$(GO) run ./cmd/onebit-bench -out docs/BENCHMARKS.md -gobench bench.out
 
 run: build ## run onebitd (embedded NATS; the decoder simulator when LLAMA_SERVER is unset)
 	./scripts/run.sh
