@@ -1,15 +1,17 @@
 package benchharness
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"net/url"
 	"os"
 	"os/signal"
 	"regexp"
+	"strings"
 	"syscall"
 	"time"
 
@@ -18,8 +20,9 @@ import (
 
 // BareProxyEnv, when set to a decoder URL in the environment of the bench
 // binary (or of a test binary whose TestMain calls BareProxyMain), makes the
-// process a bare reverse proxy instead: the floor of one HTTP hop written
-// in Go, to tell onebitd's own proxy cost from the cost of any hop.
+// process a bare proxy instead: onebitd's forward path (same transport, same
+// copy and flush) and nothing else, the floor of one HTTP hop written in Go,
+// to tell onebitd's own proxy cost from the cost of any hop.
 const BareProxyEnv = "ONEBIT_BENCH_BARE_PROXY"
 
 var reBareReady = regexp.MustCompile(`bare proxy listening on (http://\S+)`)
@@ -36,18 +39,15 @@ func BareProxyMain() (code int, ok bool) {
 		fmt.Fprintln(os.Stderr, "bare proxy:", err)
 		return 2, true
 	}
-	// onebitd's transport and flushing, nothing else.
-	rp := &httputil.ReverseProxy{
-		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(u); r.Out.Host = r.In.Host },
-		Transport:     decoder.NewTransport(),
-		FlushInterval: -1,
-	}
+	hc := &http.Client{Transport: decoder.NewTransport()}
+	base := strings.TrimRight(u.String(), "/")
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { bareForward(w, r, hc, base) })
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bare proxy:", err)
 		return 1, true
 	}
-	srv := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	go func() {
@@ -62,6 +62,54 @@ func BareProxyMain() (code int, ok bool) {
 		return 1, true
 	}
 	return 0, true
+}
+
+// bareForward is onebitd's forward without the rest of onebitd: read the
+// body, send it to the decoder, copy the answer back (flushing each read of
+// a stream).
+func bareForward(w http.ResponseWriter, r *http.Request, hc *http.Client, base string) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	req, err := http.NewRequestWithContext(r.Context(), r.Method, base+r.URL.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	defer resp.Body.Close()
+	stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	for k, vs := range resp.Header {
+		if k != "Connection" && k != "Transfer-Encoding" && (!stream || k != "Content-Length") {
+			w.Header()[k] = vs
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	if !stream {
+		_, _ = io.Copy(w, resp.Body)
+		return
+	}
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return
+			}
+			_ = rc.Flush()
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // startBareProxy re-executes this binary as a bare proxy in front of

@@ -123,24 +123,35 @@ func (s *plainStack) proxyPID(target string) int {
 
 // rounds sends n rounds of one request per target (order rotating each
 // round) after 20 rounds of warm-up, and returns each target's durations
-// (whole request, or to the first byte when first).
+// (whole request, or to the first byte when first). A round with a failed
+// request is dropped; more than 1 % of them (at least 3) fail the run.
 func rounds(ctx context.Context, hc *http.Client, s *plainStack, n int, body []byte, first bool) (map[string][]time.Duration, error) {
 	out := map[string][]time.Duration{}
+	failed := 0
 	for i := -20; i < n; i++ {
+		got := map[string]time.Duration{}
+		var err error
 		for j := range ProxyTargets {
 			t := ProxyTargets[(i+20+j)%len(ProxyTargets)]
-			r, err := post(ctx, hc, s.url(t), body)
-			if err != nil {
+			var r reply
+			if r, err = post(ctx, hc, s.url(t), body); err != nil {
+				break
+			}
+			got[t] = r.dur
+			if first {
+				got[t] = r.first
+			}
+		}
+		if err != nil {
+			if failed++; failed > max(3, n/100) || ctx.Err() != nil {
 				return nil, err
 			}
-			if i < 0 {
-				continue
+			continue
+		}
+		if i >= 0 {
+			for t, d := range got {
+				out[t] = append(out[t], d)
 			}
-			d := r.dur
-			if first {
-				d = r.first
-			}
-			out[t] = append(out[t], d)
 		}
 	}
 	return out, nil

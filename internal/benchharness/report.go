@@ -204,7 +204,7 @@ func (r *Results) handoffMarkdown(b *strings.Builder) {
 func (r *Results) proxyMarkdown(b *strings.Builder) {
 	p := r.Proxy
 	fmt.Fprintf(b, "## b. Proxy overhead (plain route)\n\n")
-	fmt.Fprintf(b, "`onebit-decoder-sim -c 4096 -np %d`; onebitd without a provider (event log and embedded NATS on, as `onebitd serve` runs by default); a **bare proxy** (`httputil.ReverseProxy` with onebitd's transport, nothing else, a separate process) shows what any Go HTTP hop costs here. `/completion` with a %d-token prompt and `n_predict` %d. Concurrency 1: %d rounds of one request per target, order rotating, after 20 rounds of warm-up; \"added\" is the median of the per-round differences.\n\n",
+	fmt.Fprintf(b, "`onebit-decoder-sim -c 4096 -np %d`; onebitd without a provider (event log and embedded NATS on, as `onebitd serve` runs by default); a **bare proxy** (onebitd's forward path alone: same transport, same copy and flush, no body rewrite, machine or events; a separate process) shows what any Go HTTP hop costs here. `/completion` with a %d-token prompt and `n_predict` %d. Concurrency 1: %d rounds of one request per target, order rotating, after 20 rounds of warm-up; \"added\" is the median of the per-round differences.\n\n",
 		proxySlots, ProxyPromptTokens, ProxyNPredict, p.Added.N)
 	b.WriteString("| concurrency 1 | direct | bare proxy | onebitd | bare − direct | onebitd − direct | onebitd − bare (onebitd's own) |\n|---|---:|---:|---:|---:|---:|---:|\n")
 	fmt.Fprintf(b, "| whole request | %s | %s | %s | %s | %s | %s |\n", fmtSum(p.Latency[TargetDirect]), fmtSum(p.Latency[TargetBare]), fmtSum(p.Latency[TargetOnebitd]),
