@@ -31,6 +31,7 @@ const maxReply = 64 << 20
 // APIError is a non-2xx answer in llama-server's error shape
 // {"error":{"code":N,"message":"…","type":"…"}}.
 type APIError struct {
+	Server  string // who answered: "decoder", "prefill server"
 	Op      string // "tokenize", "share", …
 	Status  int
 	Type    string
@@ -43,19 +44,27 @@ func (e *APIError) Error() string {
 		msg = http.StatusText(e.Status)
 	}
 	if e.Type != "" {
-		return fmt.Sprintf("decoder answered %s with %d %s: %s", e.Op, e.Status, e.Type, msg)
+		return fmt.Sprintf("%s answered %s with %d %s: %s", e.Server, e.Op, e.Status, e.Type, msg)
 	}
-	return fmt.Sprintf("decoder answered %s with %d: %s", e.Op, e.Status, msg)
+	return fmt.Sprintf("%s answered %s with %d: %s", e.Server, e.Op, e.Status, msg)
 }
 
-// Client calls one decoder.
+// Client calls one llama-server: the decoder, or any other instance (a
+// prefill server) through NewFor.
 type Client struct {
-	base string // scheme://host:port, no trailing slash
-	http *http.Client
+	server string // names the server in errors
+	base   string // scheme://host:port, no trailing slash
+	http   *http.Client
 }
 
 // New returns a client for the decoder at baseURL.
 func New(baseURL string, hc *http.Client) (*Client, error) {
+	return NewFor("decoder", baseURL, hc)
+}
+
+// NewFor returns a client for the llama-server at baseURL, called server in
+// error messages ("prefill server").
+func NewFor(server, baseURL string, hc *http.Client) (*Client, error) {
 	u, err := url.Parse(baseURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("decoder: bad decoder URL %q (want http://host:port)", baseURL)
@@ -63,7 +72,7 @@ func New(baseURL string, hc *http.Client) (*Client, error) {
 	if hc == nil {
 		hc = &http.Client{Transport: NewTransport()}
 	}
-	return &Client{base: strings.TrimRight(u.Scheme+"://"+u.Host+u.Path, "/"), http: hc}, nil
+	return &Client{server: server, base: strings.TrimRight(u.Scheme+"://"+u.Host+u.Path, "/"), http: hc}, nil
 }
 
 // NewTransport is the HTTP transport onebitd uses towards the decoder: many
@@ -82,18 +91,25 @@ func (c *Client) BaseURL() string { return c.base }
 // HTTP is the client's http.Client (shared with the proxy).
 func (c *Client) HTTP() *http.Client { return c.http }
 
+// Call sends in (JSON, nil for no body) to path and decodes a 2xx answer
+// into out (nil: ignore it). A non-2xx answer is an *APIError; no answer in
+// time, no connection and a malformed answer are errors naming op.
+func (c *Client) Call(ctx context.Context, op, method, path string, in, out any) error {
+	return c.do(ctx, op, method, path, in, out)
+}
+
 func (c *Client) do(ctx context.Context, op, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
-			return fmt.Errorf("decoder: %s: encode: %w", op, err)
+			return fmt.Errorf("%s: %s: encode: %w", c.server, op, err)
 		}
 		body = bytes.NewReader(b)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
 	if err != nil {
-		return fmt.Errorf("decoder: %s: %w", op, err)
+		return fmt.Errorf("%s: %s: %w", c.server, op, err)
 	}
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
@@ -101,17 +117,17 @@ func (c *Client) do(ctx context.Context, op, method, path string, in, out any) e
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return fmt.Errorf("decoder did not answer %s in time: %w", op, ctx.Err())
+			return fmt.Errorf("%s did not answer %s in time: %w", c.server, op, ctx.Err())
 		}
-		return fmt.Errorf("decoder unreachable for %s: %w", op, err)
+		return fmt.Errorf("%s unreachable for %s: %w", c.server, op, err)
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxReply))
 	if err != nil {
-		return fmt.Errorf("decoder: %s: read reply: %w", op, err)
+		return fmt.Errorf("%s: %s: read reply: %w", c.server, op, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		return parseError(op, resp.StatusCode, raw)
+		return parseError(c.server, op, resp.StatusCode, raw)
 	}
 	if out == nil {
 		return nil
@@ -129,8 +145,8 @@ func (c *Client) do(ctx context.Context, op, method, path string, in, out any) e
 }
 
 // parseError turns a non-2xx reply into an *APIError.
-func parseError(op string, status int, raw []byte) error {
-	e := &APIError{Op: op, Status: status}
+func parseError(server, op string, status int, raw []byte) error {
+	e := &APIError{Server: server, Op: op, Status: status}
 	var shape struct {
 		Error struct {
 			Code    int    `json:"code"`
@@ -143,6 +159,7 @@ func parseError(op string, status int, raw []byte) error {
 	} else {
 		e.Message = strings.TrimSpace(string(raw[:min(len(raw), 256)]))
 	}
+	e.Message = strings.Join(strings.Fields(e.Message), " ") // one line: it becomes a reason
 	return e
 }
 
@@ -297,7 +314,7 @@ func (c *Client) Share(ctx context.Context, slot int, socket string) (ShareReply
 // Adopt asks the decoder to adopt cells 0..len(tokens)-1 of slot, written by
 // the provider into the regions of share shareID.
 func (c *Client) Adopt(ctx context.Context, slot int, tokens []int, shareID int64) error {
-	return c.do(ctx, "adopt", http.MethodPost, slotPath(slot, "adopt"), 
+	return c.do(ctx, "adopt", http.MethodPost, slotPath(slot, "adopt"),
 		map[string]any{"tokens": tokens, "share_id": shareID}, nil)
 }
 
@@ -314,6 +331,25 @@ type RestoreReply struct {
 func (c *Client) Restore(ctx context.Context, slot int, filename string) (RestoreReply, error) {
 	var r RestoreReply
 	err := c.do(ctx, "restore", http.MethodPost, slotPath(slot, "restore"), map[string]any{"filename": filename}, &r)
+	return r, err
+}
+
+// SaveReply is the answer to ?action=save.
+type SaveReply struct {
+	IDSlot   int    `json:"id_slot"`
+	Filename string `json:"filename"`
+	NSaved   *int   `json:"n_saved"`
+	NWritten *int64 `json:"n_written"`
+}
+
+// Save asks the server to write slot's state to filename (relative to its
+// --slot-save-path).
+func (c *Client) Save(ctx context.Context, slot int, filename string) (SaveReply, error) {
+	var r SaveReply
+	err := c.do(ctx, "save", http.MethodPost, slotPath(slot, "save"), map[string]any{"filename": filename}, &r)
+	if err == nil && (r.NSaved == nil || r.NWritten == nil) {
+		err = fmt.Errorf("%w from save: no n_saved or n_written", ErrBadReply)
+	}
 	return r, err
 }
 

@@ -67,7 +67,6 @@ var (
 const (
 	// MaxTokensFile bounds the tokens file (a 1M-token prompt is ~8 MB).
 	MaxTokensFile = 64 << 20
-	maxReply      = 1 << 20
 	// DefaultTimeout bounds a whole run when Config.Timeout is 0.
 	DefaultTimeout = 5 * time.Minute
 )
@@ -157,14 +156,17 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return res, err
 	}
 	res.NTokens = len(toks)
-	c := &client{base: cfg.PrefillURL, http: cfg.HTTP}
+	c, err := decoder.NewFor("prefill server", cfg.PrefillURL, cfg.HTTP)
+	if err != nil {
+		return res, fmt.Errorf("%w: %w", ErrUsage, err)
+	}
 
 	var props struct {
 		ModelPath  string `json:"model_path"`
 		TotalSlots int    `json:"total_slots"`
 	}
-	if err := c.do(ctx, "props", http.MethodGet, "/props", nil, &props); err != nil {
-		return res, err
+	if err := c.Call(ctx, "props", http.MethodGet, "/props", nil, &props); err != nil {
+		return res, serverError{err}
 	}
 	if props.ModelPath != "" && filepath.Base(props.ModelPath) != filepath.Base(cfg.Model) {
 		return res, fmt.Errorf("%w: it runs %s, --model is %s (both sides must load the same model)",
@@ -198,8 +200,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		} `json:"timings"`
 	}
 	body := map[string]any{"prompt": toks, "n_predict": 0, "cache_prompt": true, "id_slot": slot}
-	if err := c.do(ctx, "completion", http.MethodPost, "/completion", body, &comp); err != nil {
-		return res, err
+	if err := c.Call(ctx, "completion", http.MethodPost, "/completion", body, &comp); err != nil {
+		return res, serverError{err}
 	}
 	res.PromptN = comp.Timings.PromptN
 
@@ -209,16 +211,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return res, fmt.Errorf("prefill: remove the old state file: %w", err)
 	}
 	name := filepath.Base(cfg.StatePath)
-	var save struct {
-		NSaved   *int   `json:"n_saved"`
-		NWritten *int64 `json:"n_written"`
-	}
-	if err := c.do(ctx, "save", http.MethodPost, "/slots/"+strconv.Itoa(slot)+"?action=save",
-		map[string]any{"filename": name}, &save); err != nil {
-		return res, err
-	}
-	if save.NWritten == nil || save.NSaved == nil {
-		return res, fmt.Errorf("%w: the save reply has no n_written or n_saved", ErrServer)
+	save, err := c.Save(ctx, slot, name)
+	if err != nil {
+		return res, serverError{err}
 	}
 	res.NSaved, res.NWritten = *save.NSaved, *save.NWritten
 	if err := checkState(cfg.StatePath, res.NWritten); err != nil {
@@ -230,6 +225,13 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	return res, nil
 }
+
+// serverError is an error of the prefill server's client: it reads as that
+// error and matches ErrServer.
+type serverError struct{ err error }
+
+func (e serverError) Error() string   { return "prefill: " + e.err.Error() }
+func (e serverError) Unwrap() []error { return []error{ErrServer, e.err} }
 
 // checkState checks that path is a regular file of want bytes.
 func checkState(path string, want int64) error {
@@ -298,74 +300,4 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
-}
-
-// client calls the prefill server.
-type client struct {
-	base string
-	http *http.Client
-}
-
-// do sends one request; a non-2xx answer is an error naming the step, the
-// status and llama-server's message.
-func (c *client) do(ctx context.Context, op, method, path string, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return fmt.Errorf("prefill: %s: encode: %w", op, err)
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
-	if err != nil {
-		return fmt.Errorf("prefill: %s: %w", op, err)
-	}
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("%w: no answer to %s in time: %w", ErrServer, op, ctx.Err())
-		}
-		return fmt.Errorf("%w: %s: %w", ErrServer, op, err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxReply))
-	if err != nil {
-		return fmt.Errorf("%w: %s: read the reply: %w", ErrServer, op, err)
-	}
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("%w: %s", ErrServer, describeError(op, resp.StatusCode, raw))
-	}
-	if err := json.Unmarshal(raw, out); err != nil {
-		return fmt.Errorf("%w: %s: malformed reply: %v", ErrServer, op, err)
-	}
-	return nil
-}
-
-// describeError renders llama-server's {"error":{"code","message","type"}}.
-func describeError(op string, status int, raw []byte) string {
-	var shape struct {
-		Error struct {
-			Message string `json:"message"`
-			Type    string `json:"type"`
-		} `json:"error"`
-	}
-	msg, typ := "", ""
-	if json.Unmarshal(raw, &shape) == nil {
-		msg, typ = shape.Error.Message, shape.Error.Type
-	}
-	if msg == "" && typ == "" {
-		msg = strings.TrimSpace(string(raw[:min(len(raw), 256)]))
-	}
-	if msg == "" {
-		msg = http.StatusText(status)
-	}
-	msg = strings.Join(strings.Fields(msg), " ") // one line
-	if typ != "" {
-		return fmt.Sprintf("%s answered %d %s: %s", op, status, typ, msg)
-	}
-	return fmt.Sprintf("%s answered %d: %s", op, status, msg)
 }

@@ -199,7 +199,7 @@ func TestRunFails(t *testing.T) {
 			name:    "no slot save path",
 			prefill: func(_ *testing.T, c *decodersim.Config) { c.SlotSavePath = "" },
 			want:    ErrServer, exit: 1,
-			says:     []string{"save answered 501 not_supported_error", "--slot-save-path"},
+			says:     []string{"prefill server answered save with 501 not_supported_error", "--slot-save-path"},
 			noExists: true,
 		},
 		{
@@ -219,7 +219,7 @@ func TestRunFails(t *testing.T) {
 				writeFile(t, c.TokensPath, string(b))
 			},
 			want: ErrServer, exit: 1,
-			says: []string{"completion answered 400 exceed_context_size_error"},
+			says: []string{"prefill server answered completion with 400 exceed_context_size_error"},
 		},
 		{
 			name: "server down",
