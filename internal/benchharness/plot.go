@@ -16,8 +16,8 @@ import (
 // prompt tokens, for both routes.
 func (h *HandoffResult) Plot(w io.Writer) error {
 	const (
-		width, height            = 720, 440
-		left, right, top, bottom = 70, 200, 40, 50
+		width, height            = 760, 440
+		left, right, top, bottom = 70, 240, 40, 50
 	)
 	type series struct {
 		name, color, dash string
