@@ -162,4 +162,3 @@ func fdCount(t testing.TB) int {
 	}
 	return len(es)
 }
-
