@@ -131,8 +131,11 @@ func NewRequestID() string {
 // RequestIDLen is the length of NewRequestID's ids.
 const RequestIDLen = 17
 
-// staleFile matches the files a handoff leaves in the slot dir while it runs
-// (and a provider's temporaries beside them).
+// fileExts are the files a handoff has in the slot dir while it runs: the
+// socket, tokens, layout and state files, and a provider's temporary state.
+var fileExts = []string{".sock", ".tokens", ".json", ".bin", ".bin.tmp"}
+
+// staleFile matches the names of fileExts for any request id.
 var staleFile = regexp.MustCompile(`^r[0-9a-f]{16}\.(sock|tokens|json|bin|bin\.tmp)$`)
 
 // CleanStale removes the handoff files a killed onebitd left in dir (and
@@ -182,10 +185,15 @@ func (w *work) release() *event.Cleanup {
 		w.l.Close() // unlinks the socket
 		w.clean.FilesRemoved++
 	}
-	// The stem is unique to this request: whatever a provider left beside
-	// our files (a .tmp of a state file it was killed writing) goes too.
-	matches, _ := filepath.Glob(filepath.Join(w.h.cfg.SlotDir, w.stem+".*"))
-	for _, p := range matches {
+	// Every file this request may have: ours, and what a provider leaves
+	// beside them (the .tmp of a state file it was killed writing). Named,
+	// not globbed: the slot dir also holds the decoder's saved slots, and
+	// reading it on every request would cost with its size.
+	for _, ext := range fileExts {
+		if ext == ".sock" {
+			continue // the listener's
+		}
+		p := w.path(ext)
 		if err := os.Remove(p); err == nil {
 			w.clean.FilesRemoved++
 		} else if !errors.Is(err, os.ErrNotExist) {
