@@ -400,3 +400,19 @@ func FuzzParseMatchesEncodingJSON(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkParseTypical parses an adopt event as the daemon writes it.
+func BenchmarkParseTypical(b *testing.B) {
+	e := sampleEvents()["minimal"]
+	e.Event, e.From, e.To, e.ShareID, e.NTokens = "adopt", "prefilled", "adopted", ptr(int64(7)), 512
+	e.Cleanup = &Cleanup{FDsClosed: 3, FilesRemoved: 3}
+	line := append(e.AppendJSON(nil), '\n')
+	var d Decoder
+	b.ReportAllocs()
+	b.SetBytes(int64(len(line)))
+	for b.Loop() {
+		if _, err := d.Parse(line); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
