@@ -100,7 +100,11 @@ func (c *Client) Call(ctx context.Context, op, method, path string, in, out any)
 
 func (c *Client) do(ctx context.Context, op, method, path string, in, out any) error {
 	var body io.Reader
-	if in != nil {
+	switch in := in.(type) {
+	case nil:
+	case rawBody:
+		body = bytes.NewReader(in)
+	default:
 		b, err := json.Marshal(in)
 		if err != nil {
 			return fmt.Errorf("%s: %s: encode: %w", c.server, op, err)
@@ -317,6 +321,22 @@ func (c *Client) Adopt(ctx context.Context, slot int, tokens []int, shareID int6
 	return c.do(ctx, "adopt", http.MethodPost, slotPath(slot, "adopt"),
 		map[string]any{"tokens": tokens, "share_id": shareID}, nil)
 }
+
+// AdoptJSON is Adopt with the tokens already encoded as a JSON array (the
+// handoff encodes a prompt's tokens once, for the tokens file and this
+// body: at 12 722 tokens that saves json.Marshal's ~300 µs).
+func (c *Client) AdoptJSON(ctx context.Context, slot int, tokens json.RawMessage, shareID int64) error {
+	body := make(rawBody, 0, len(tokens)+48)
+	body = append(body, `{"share_id":`...)
+	body = strconv.AppendInt(body, shareID, 10)
+	body = append(body, `,"tokens":`...)
+	body = append(body, tokens...)
+	body = append(body, '}')
+	return c.do(ctx, "adopt", http.MethodPost, slotPath(slot, "adopt"), body, nil)
+}
+
+// rawBody is a request body already encoded as JSON.
+type rawBody []byte
 
 // RestoreReply is the decoder's answer to ?action=restore.
 type RestoreReply struct {

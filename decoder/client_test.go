@@ -2,9 +2,12 @@ package decoder
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -93,5 +96,33 @@ func TestBadURL(t *testing.T) {
 		if _, err := New(u, nil); err == nil {
 			t.Errorf("New(%q) accepted", u)
 		}
+	}
+}
+
+// TestAdoptJSONBody: the pre-encoded adopt body is the same JSON object as
+// Adopt's.
+func TestAdoptJSONBody(t *testing.T) {
+	bodies := make(chan string, 2)
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if r.URL.RequestURI() != "/slots/3?action=adopt" || r.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("request %s %q", r.URL.RequestURI(), r.Header.Get("Content-Type"))
+		}
+		bodies <- string(b)
+	}))
+	defer ts.Close()
+	c, _ := New(ts.URL, nil)
+	ctx := context.Background()
+	if err := c.Adopt(ctx, 3, []int{1, 1003, 42}, 7); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.AdoptJSON(ctx, 3, json.RawMessage(`[1,1003,42]`), 7); err != nil {
+		t.Fatal(err)
+	}
+	var a, b any
+	json.Unmarshal([]byte(<-bodies), &a)
+	json.Unmarshal([]byte(<-bodies), &b)
+	if !reflect.DeepEqual(a, b) || a == nil {
+		t.Fatalf("Adopt sent %v, AdoptJSON %v", a, b)
 	}
 }

@@ -2,6 +2,7 @@ package machine
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -41,7 +42,7 @@ func (d *benchDecoder) Share(_ context.Context, _ int, socket string) (decoder.S
 	return decoder.ShareReply{ShareID: &id}, nil
 }
 
-func (d *benchDecoder) Adopt(context.Context, int, []int, int64) error { return nil }
+func (d *benchDecoder) AdoptJSON(context.Context, int, json.RawMessage, int64) error { return nil }
 
 func (d *benchDecoder) Restore(context.Context, int, string) (decoder.RestoreReply, error) {
 	return decoder.RestoreReply{}, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,7 +23,7 @@ import (
 // implements it.
 type Decoder interface {
 	Share(ctx context.Context, slot int, socket string) (decoder.ShareReply, error)
-	Adopt(ctx context.Context, slot int, tokens []int, shareID int64) error
+	AdoptJSON(ctx context.Context, slot int, tokens json.RawMessage, shareID int64) error
 	Restore(ctx context.Context, slot int, filename string) (decoder.RestoreReply, error)
 }
 
@@ -302,7 +303,8 @@ func (w *work) shared(ctx context.Context, tokens []int) string {
 	w.fire(EvShare, Attrs{ShareID: rep.ShareID, NFDs: len(r.msg.Files), BytesMapped: regionBytes(&r.msg.Header)})
 
 	tok, layout := w.path(".tokens"), w.path(".json")
-	if err := provider.WriteTokens(tok, tokens); err != nil {
+	enc := provider.AppendTokens(make([]byte, 0, 2+6*len(tokens)), tokens) // file and adopt body
+	if err := provider.WriteTokensJSON(tok, enc); err != nil {
 		return w.fallback(StepTokens, fmt.Errorf("cannot write the tokens file: %w", err), nil, 0)
 	}
 	if err := writeFile0600(layout, r.msg.Raw); err != nil {
@@ -315,7 +317,7 @@ func (w *work) shared(ctx context.Context, tokens []int) string {
 	w.fire(EvPrefill, Attrs{NTokens: len(tokens), ProviderExit: providerExit(res, nil)})
 
 	actx, cancel := context.WithTimeout(ctx, cfg.ApplyTimeout)
-	err = w.h.dec.Adopt(actx, w.m.Slot(), tokens, *rep.ShareID)
+	err = w.h.dec.AdoptJSON(actx, w.m.Slot(), enc, *rep.ShareID)
 	cancel()
 	if err != nil {
 		return w.fallback(StepAdopt, err, nil, httpStatus(err))

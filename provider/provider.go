@@ -263,10 +263,9 @@ func signalName(s syscall.Signal) string {
 	return fmt.Sprintf("%d (%s)", int(s), s)
 }
 
-// WriteTokens writes tokens as a JSON array to path, a new file of mode 0600
-// (O_EXCL: an existing file is an error). On error the file is removed.
-func WriteTokens(path string, tokens []int) (err error) {
-	b := make([]byte, 0, 2+6*len(tokens))
+// AppendTokens appends tokens as a JSON array of ints (the tokens file's
+// format, schemas/tokens.json) to b.
+func AppendTokens(b []byte, tokens []int) []byte {
 	b = append(b, '[')
 	for i, t := range tokens {
 		if i > 0 {
@@ -274,12 +273,26 @@ func WriteTokens(path string, tokens []int) (err error) {
 		}
 		b = strconv.AppendInt(b, int64(t), 10)
 	}
-	b = append(b, ']', '\n')
+	return append(b, ']')
+}
+
+// WriteTokens writes tokens as a JSON array to path, a new file of mode 0600
+// (O_EXCL: an existing file is an error). On error the file is removed.
+func WriteTokens(path string, tokens []int) error {
+	return WriteTokensJSON(path, AppendTokens(make([]byte, 0, 2+6*len(tokens)), tokens))
+}
+
+// WriteTokensJSON is WriteTokens for tokens already encoded by AppendTokens
+// (the handoff encodes them once, for the file and the adopt body).
+func WriteTokensJSON(path string, enc []byte) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("provider: write tokens: %w", err)
 	}
-	_, werr := f.Write(b)
+	_, werr := f.Write(enc)
+	if werr == nil {
+		_, werr = f.Write([]byte{'\n'})
+	}
 	cerr := f.Close()
 	if werr == nil {
 		werr = cerr
