@@ -3,6 +3,8 @@ package bus
 import (
 	"testing"
 	"time"
+
+	"github.com/onebitd/onebitd/internal/obtest"
 )
 
 // BenchmarkEmit is the request path's cost: encode and enqueue. A goroutine
@@ -55,7 +57,7 @@ func BenchmarkEmitPublishing(b *testing.B) {
 	}
 	b.StopTimer()
 	s := bus.Stats()
-	waitFor(b, 30*time.Second, "queue drained", func() bool {
+	obtest.WaitFor(b, 30*time.Second, "queue drained", func() bool {
 		s = bus.Stats()
 		return s.Queued == 0 && uint64(c.len())+s.Dropped >= uint64(n)
 	})

@@ -1,7 +1,6 @@
 package bus
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,40 +19,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/internal/obtest"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-// waitFor polls cond until it holds or timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(2 * time.Millisecond) // polling interval, not synchronisation
-	}
-}
-
-// syncBuffer is an io.Writer safe for concurrent use (log capture).
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -204,7 +174,7 @@ func TestEmitDeliveredInOrder(t *testing.T) {
 				want[i] = testEvent("node-a", "boot1", i)
 				b.Emit(want[i])
 			}
-			waitFor(t, 10*time.Second, "all events", func() bool { return c.len() >= n })
+			obtest.WaitFor(t, 10*time.Second, "all events", func() bool { return c.len() >= n })
 			got := c.snapshot()
 			if len(got) != n {
 				t.Fatalf("received %d events, want %d", len(got), n)
@@ -246,7 +216,7 @@ func TestEventSubjects(t *testing.T) {
 		b.Emit(&ev.e)
 	}
 	b.Publish("onebit.node-a.custom", []byte(`{}`))
-	waitFor(t, 5*time.Second, "events", func() bool { return c.len() >= len(evs)+1 })
+	obtest.WaitFor(t, 5*time.Second, "events", func() bool { return c.len() >= len(evs)+1 })
 	got := c.snapshot()
 	for i, ev := range evs {
 		if got[i].Subject != ev.want {
@@ -259,7 +229,7 @@ func TestEventSubjects(t *testing.T) {
 }
 
 func TestEmitNeverBlocksWhenQueueFull(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &obtest.Buffer{}
 	const qsize = 1024
 	b := openBus(t, Config{
 		Listen: ListenOff, QueueSize: qsize, noPublisher: true,
@@ -278,7 +248,7 @@ func TestEmitNeverBlocksWhenQueueFull(t *testing.T) {
 		t.Fatalf("stats %+v, want queued %d, dropped %d", s, qsize, n-qsize)
 	}
 	// Dropped events are logged (rate-limited) with the running total.
-	waitFor(t, 5*time.Second, "drop log line", func() bool {
+	obtest.WaitFor(t, 5*time.Second, "drop log line", func() bool {
 		return strings.Contains(logs.String(), "nats events dropped")
 	})
 	if lines, most := strings.Count(logs.String(), "nats events dropped"), 2+int(elapsed/dropLogInterval); lines > most {
@@ -313,7 +283,7 @@ func TestEmitAfterCloseDrops(t *testing.T) {
 func TestExternalServerDiesAndComesBack(t *testing.T) {
 	ext := startNATS(t, -1, false)
 	url := ext.ClientURL()
-	logs := &syncBuffer{}
+	logs := &obtest.Buffer{}
 	b := openBus(t, Config{
 		URLs: url, QueueSize: 1 << 16, ReconnectBufSize: 32 << 10,
 		Logger: slog.New(slog.NewTextHandler(logs, nil)),
@@ -330,19 +300,19 @@ func TestExternalServerDiesAndComesBack(t *testing.T) {
 	for i := range 10 {
 		b.Emit(testEvent("node-a", "before", i))
 	}
-	waitFor(t, 5*time.Second, "events before the outage", func() bool { return c.len() >= 10 })
+	obtest.WaitFor(t, 5*time.Second, "events before the outage", func() bool { return c.len() >= 10 })
 
 	// Phase 2: the server dies; Emit keeps returning, events are buffered by
 	// nats.go up to ReconnectBufSize, then dropped and counted.
 	extPort := ext.Addr().(*net.TCPAddr).Port
 	ext.Shutdown()
 	ext.WaitForShutdown()
-	waitFor(t, 5*time.Second, "bus to notice the outage", func() bool { return !b.nc.IsConnected() })
+	obtest.WaitFor(t, 5*time.Second, "bus to notice the outage", func() bool { return !b.nc.IsConnected() })
 	const during = 2000 // ~300 bytes each: far beyond the 32 KiB reconnect buffer
 	for i := range during {
 		b.Emit(testEvent("node-a", "during", i))
 	}
-	waitFor(t, 5*time.Second, "publisher to take the queue", func() bool { return b.Stats().Queued == 0 })
+	obtest.WaitFor(t, 5*time.Second, "publisher to take the queue", func() bool { return b.Stats().Queued == 0 })
 	s := b.Stats()
 	if s.Dropped == 0 || s.Buffered == 0 {
 		t.Fatalf("during the outage: %+v, want drops and buffered bytes", s)
@@ -353,8 +323,8 @@ func TestExternalServerDiesAndComesBack(t *testing.T) {
 
 	// Phase 3: the server comes back on the same port; publishing resumes.
 	startNATS(t, extPort, false)
-	waitFor(t, 15*time.Second, "bus to reconnect", func() bool { return b.Stats().Reconnects >= 1 && b.nc.IsConnected() })
-	waitFor(t, 15*time.Second, "subscriber to reconnect", func() bool { return sub.IsConnected() })
+	obtest.WaitFor(t, 15*time.Second, "bus to reconnect", func() bool { return b.Stats().Reconnects >= 1 && b.nc.IsConnected() })
+	obtest.WaitFor(t, 15*time.Second, "subscriber to reconnect", func() bool { return sub.IsConnected() })
 	if err := sub.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -371,9 +341,9 @@ func TestExternalServerDiesAndComesBack(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, 10*time.Second, "events after the reconnect", func() bool { return countBoot("after") == after })
+	obtest.WaitFor(t, 10*time.Second, "events after the reconnect", func() bool { return countBoot("after") == after })
 	for _, want := range []string{"nats disconnected", "nats reconnected", "nats events dropped"} {
-		waitFor(t, 5*time.Second, "log "+want, func() bool { return strings.Contains(logs.String(), want) })
+		obtest.WaitFor(t, 5*time.Second, "log "+want, func() bool { return strings.Contains(logs.String(), want) })
 	}
 }
 
@@ -390,7 +360,7 @@ func TestOpenWithExternalServerDown(t *testing.T) {
 		t.Fatal("connected to a server that is down")
 	}
 	b.Emit(testEvent("node-a", "early", 0))
-	waitFor(t, 5*time.Second, "publisher to buffer the event", func() bool { return b.Stats().Buffered > 0 })
+	obtest.WaitFor(t, 5*time.Second, "publisher to buffer the event", func() bool { return b.Stats().Buffered > 0 })
 
 	startNATS(t, port, false)
 	sub, err := nats.Connect(url)
@@ -399,9 +369,9 @@ func TestOpenWithExternalServerDown(t *testing.T) {
 	}
 	defer sub.Close()
 	c := subscribe(t, sub, "onebit.>")
-	waitFor(t, 15*time.Second, "bus to connect late", func() bool { return b.nc.IsConnected() })
+	obtest.WaitFor(t, 15*time.Second, "bus to connect late", func() bool { return b.nc.IsConnected() })
 	b.Emit(testEvent("node-a", "late", 1))
-	waitFor(t, 10*time.Second, "event after a late connect", func() bool {
+	obtest.WaitFor(t, 10*time.Second, "event after a late connect", func() bool {
 		for _, m := range c.snapshot() {
 			if strings.Contains(string(m.Data), `"boot":"late"`) {
 				return true
@@ -481,7 +451,7 @@ func TestParseListen(t *testing.T) {
 }
 
 func TestServerLogAdapterLevels(t *testing.T) {
-	var buf syncBuffer
+	var buf obtest.Buffer
 	lg := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	a := slogAdapter{l: lg, fatal: new(atomic.Pointer[string])}
 	a.Noticef("n %d", 1)

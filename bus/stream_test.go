@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/internal/obtest"
 )
 
 func streamInfo(t *testing.T, nc *nats.Conn) *jetstream.StreamInfo {
@@ -68,7 +69,7 @@ func TestJetStreamEmbedded(t *testing.T) {
 		want[i] = testEvent("node-a", "boot1", i)
 		b.Emit(want[i])
 	}
-	waitFor(t, 10*time.Second, "acks", func() bool { return b.Stats().Published == n })
+	obtest.WaitFor(t, 10*time.Second, "acks", func() bool { return b.Stats().Published == n })
 
 	// Each message carries Nats-Msg-Id <node>/<request>/<seq>.
 	js, _ := jetstream.New(nc)
@@ -88,7 +89,7 @@ func TestJetStreamEmbedded(t *testing.T) {
 	for i := range 10 {
 		b.Emit(want[i])
 	}
-	waitFor(t, 10*time.Second, "duplicate acks", func() bool { return b.Stats().Duplicates == 10 })
+	obtest.WaitFor(t, 10*time.Second, "duplicate acks", func() bool { return b.Stats().Duplicates == 10 })
 	if got := streamInfo(t, nc).State.Msgs; got != n {
 		t.Fatalf("stream holds %d messages after duplicates, want %d", got, n)
 	}
@@ -116,7 +117,7 @@ func TestJetStreamSurvivesRestart(t *testing.T) {
 	for i := range 20 {
 		b.Emit(testEvent("node-a", "boot1", i))
 	}
-	waitFor(t, 10*time.Second, "acks", func() bool { return b.Stats().Published == 20 })
+	obtest.WaitFor(t, 10*time.Second, "acks", func() bool { return b.Stats().Published == 20 })
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +126,7 @@ func TestJetStreamSurvivesRestart(t *testing.T) {
 	for i := range 5 {
 		b2.Emit(testEvent("node-a", "boot2", i))
 	}
-	waitFor(t, 10*time.Second, "acks", func() bool { return b2.Stats().Published == 5 })
+	obtest.WaitFor(t, 10*time.Second, "acks", func() bool { return b2.Stats().Published == 5 })
 	got, errs := readAll(t, b2.ClientURL(), StreamName)
 	if len(errs) != 0 || len(got) != 25 {
 		t.Fatalf("read %d events (errors %v), want 25", len(got), errs)
@@ -151,7 +152,7 @@ func TestStreamEventsEdges(t *testing.T) {
 	b.Emit(testEvent("node-a", "boot1", 0))
 	b.Publish("onebit.node-a.junk", []byte("not json"))
 	b.Emit(testEvent("node-a", "boot1", 1))
-	waitFor(t, 10*time.Second, "acks", func() bool { return b.Stats().Published == 3 })
+	obtest.WaitFor(t, 10*time.Second, "acks", func() bool { return b.Stats().Published == 3 })
 	got, errs := readAll(t, b.ClientURL(), StreamName)
 	if len(got) != 2 || len(errs) != 1 {
 		t.Fatalf("mixed stream: %d events, errors %v; want 2 and 1", len(got), errs)
@@ -179,11 +180,11 @@ func TestJetStreamExternalDownAtStart(t *testing.T) {
 		t.Fatal("stream ready while the server is down")
 	}
 	startNATS(t, port, true)
-	waitFor(t, 20*time.Second, "stream set up in the background", b.streamReady.Load)
+	obtest.WaitFor(t, 20*time.Second, "stream set up in the background", b.streamReady.Load)
 	for i := range 10 {
 		b.Emit(testEvent("node-a", "boot1", i))
 	}
-	waitFor(t, 10*time.Second, "acks", func() bool { return b.Stats().Published == 10 })
+	obtest.WaitFor(t, 10*time.Second, "acks", func() bool { return b.Stats().Published == 10 })
 	got, errs := readAll(t, url, StreamName)
 	if len(got) != 10 || len(errs) != 0 {
 		t.Fatalf("read %d events, errors %v", len(got), errs)
@@ -211,11 +212,11 @@ func TestJetStreamExternalDiesAndComesBack(t *testing.T) {
 			for i := range 10 {
 				b.Emit(testEvent("node-a", "before", i))
 			}
-			waitFor(t, 10*time.Second, "acks before", func() bool { return b.Stats().Published == 10 })
+			obtest.WaitFor(t, 10*time.Second, "acks before", func() bool { return b.Stats().Published == 10 })
 
 			ext.Shutdown()
 			ext.WaitForShutdown()
-			waitFor(t, 5*time.Second, "bus to notice the outage", func() bool { return !b.nc.IsConnected() })
+			obtest.WaitFor(t, 5*time.Second, "bus to notice the outage", func() bool { return !b.nc.IsConnected() })
 			for i := range 20 {
 				b.Emit(testEvent("node-a", "during", i))
 			}
@@ -223,10 +224,10 @@ func TestJetStreamExternalDiesAndComesBack(t *testing.T) {
 				store = t.TempDir()
 			}
 			startNATSStore(t, port, store)
-			waitFor(t, 15*time.Second, "reconnect", func() bool { return b.nc.IsConnected() })
+			obtest.WaitFor(t, 15*time.Second, "reconnect", func() bool { return b.nc.IsConnected() })
 			// After the reconnect the stream is checked (and recreated if
 			// the server lost it); events published then are stored.
-			waitFor(t, 15*time.Second, "events after the reconnect stored", func() bool {
+			obtest.WaitFor(t, 15*time.Second, "events after the reconnect stored", func() bool {
 				b.Emit(testEvent("node-a", "after", 0))
 				js, _ := jetstream.New(b.nc)
 				s, err := js.Stream(context.Background(), StreamName)

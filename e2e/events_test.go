@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/internal/obtest"
 	"github.com/onebitd/onebitd/schemas"
 )
 
@@ -95,7 +96,7 @@ func TestEventsEndToEnd(t *testing.T) {
 		n++
 
 		var logged []event.Event
-		waitFor(t, 10*time.Second, "every event on NATS", func() bool {
+		obtest.WaitFor(t, 10*time.Second, "every event on NATS", func() bool {
 			logged = logEvents(t, e)
 			return len(logged) > 0 && len(sub.all()) == len(logged) && countDone(logged) == n
 		})
@@ -149,7 +150,7 @@ func TestJetStreamReplay(t *testing.T) {
 		}
 	}
 	var fromLog, fromStream []byte
-	waitFor(t, 10*time.Second, "the stream to hold every logged event", func() bool {
+	obtest.WaitFor(t, 10*time.Second, "the stream to hold every logged event", func() bool {
 		var err error
 		fromLog, err = exec.Command(bins.onebitd, "replay", "--json", e.eventLog()).Output()
 		if err != nil {

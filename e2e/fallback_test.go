@@ -14,6 +14,7 @@ import (
 
 	"github.com/onebitd/onebitd/event"
 	"github.com/onebitd/onebitd/fdpass"
+	"github.com/onebitd/onebitd/internal/obtest"
 )
 
 func init() {
@@ -129,7 +130,7 @@ func TestFallbacks(t *testing.T) {
 func checkOneReason(t *testing.T, e *env, reqID, step, reason string) {
 	t.Helper()
 	var evs []event.Event
-	waitFor(t, 5*time.Second, "the request's done event in the log", func() bool {
+	obtest.WaitFor(t, 5*time.Second, "the request's done event in the log", func() bool {
 		evs = requestEvents(t, e, reqID)
 		return len(evs) > 0 && evs[len(evs)-1].To == "done"
 	})

@@ -23,6 +23,7 @@ import (
 
 	"github.com/onebitd/onebitd/event"
 	"github.com/onebitd/onebitd/eventlog"
+	"github.com/onebitd/onebitd/internal/obtest"
 )
 
 // bins are built once per test binary.
@@ -366,18 +367,6 @@ func tail(s string) string {
 	return s
 }
 
-// waitFor polls cond for up to d.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // fdSnapshot counts pid's open fds that are not sockets (keep-alive
 // connections come and go) and lists any memfd it still holds.
 func fdSnapshot(t *testing.T, pid int) (n int, memfds []string) {
@@ -404,13 +393,13 @@ func fdSnapshot(t *testing.T, pid int) (n int, memfds []string) {
 // beyond its baseline.
 func assertClean(t *testing.T, e *env, baseline int) {
 	t.Helper()
-	waitFor(t, 5*time.Second, "slot dir empty", func() bool {
+	obtest.WaitFor(t, 5*time.Second, "slot dir empty", func() bool {
 		ents, _ := os.ReadDir(e.slotDir)
 		return len(ents) == 0
 	})
 	var n int
 	var mem []string
-	waitFor(t, 5*time.Second, "fds back to baseline", func() bool {
+	obtest.WaitFor(t, 5*time.Second, "fds back to baseline", func() bool {
 		n, mem = fdSnapshot(t, e.onebit.PID())
 		return n <= baseline && len(mem) == 0
 	})

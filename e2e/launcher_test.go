@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/onebitd/onebitd/internal/obtest"
 )
 
 // children lists the pids whose parent is pid.
@@ -28,19 +30,6 @@ func children(pid int) []int {
 		}
 	}
 	return out
-}
-
-func alive(pid int) bool {
-	if err := syscall.Kill(pid, 0); err != nil {
-		return false
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// A zombie (state Z) has exited.
-	f := strings.Fields(string(b))
-	return len(f) > 2 && f[2] != "Z"
 }
 
 // TestLaunchedDecoder: onebitd serve --decoder-bin runs the simulator end to
@@ -93,7 +82,7 @@ func TestLaunchedDecoder(t *testing.T) {
 
 	// Restarted: 503 meanwhile (never a hang), then success.
 	var r result
-	waitFor(t, 30*time.Second, "the restarted decoder to serve", func() bool {
+	obtest.WaitFor(t, 30*time.Second, "the restarted decoder to serve", func() bool {
 		r = complete(t, e.onebitURL, epCompletion, false, text, 8)
 		if r.status != 200 && r.status != 503 {
 			t.Fatalf("while restarting: status %d %s", r.status, r.body)
@@ -120,5 +109,5 @@ func TestLaunchedDecoder(t *testing.T) {
 	// kill -9 of onebitd: Pdeathsig takes the decoder down with it.
 	dec = kids[0]
 	syscall.Kill(e.onebit.PID(), syscall.SIGKILL)
-	waitFor(t, 10*time.Second, "the decoder to die with onebitd", func() bool { return !alive(dec) })
+	obtest.WaitFor(t, 10*time.Second, "the decoder to die with onebitd", func() bool { return obtest.Gone(dec) })
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/onebitd/onebitd/internal/obtest"
 )
 
 // natsServer runs a standalone NATS server on port (the "external cluster").
@@ -51,7 +53,7 @@ func TestExternalNATSOutage(t *testing.T) {
 	for range 3 {
 		check("before")
 	}
-	waitFor(t, 10*time.Second, "events before the outage", func() bool { return len(sub.all()) == len(logEvents(t, e)) })
+	obtest.WaitFor(t, 10*time.Second, "events before the outage", func() bool { return len(sub.all()) == len(logEvents(t, e)) })
 
 	ns.Shutdown()
 	ns.WaitForShutdown()
@@ -62,7 +64,7 @@ func TestExternalNATSOutage(t *testing.T) {
 	ns = natsServer(t, port)
 	defer ns.Shutdown()
 	sub2 := subscribe(t, url)
-	waitFor(t, 30*time.Second, "publishing to resume", func() bool {
+	obtest.WaitFor(t, 30*time.Second, "publishing to resume", func() bool {
 		check("after")
 		return len(sub2.all()) > 0
 	})
@@ -126,7 +128,7 @@ func TestKillUnderLoad(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, 30*time.Second, "load", func() bool { return ok.Load() >= 20 })
+	obtest.WaitFor(t, 30*time.Second, "load", func() bool { return ok.Load() >= 20 })
 	syscall.Kill(e.onebit.PID(), syscall.SIGKILL)
 	<-e.onebit.done
 	close(stop)

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/internal/obtest"
 )
 
 const childEnv = "EVENTLOG_TEST_CHILD_LOG"
@@ -303,18 +304,6 @@ func fileLines(t *testing.T, path string) int {
 	return bytes.Count(b, []byte{'\n'})
 }
 
-// waitFor polls cond for up to 5s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func TestSyncPolicies(t *testing.T) {
 	for _, tt := range []struct {
 		policy      SyncPolicy
@@ -340,8 +329,8 @@ func TestSyncPolicies(t *testing.T) {
 				}
 			}
 			// Every policy gets the line to the file within FlushInterval (+ slack).
-			waitFor(t, "the line in the file", func() bool { return fileLines(t, path) == 1 })
-			waitFor(t, "stats", func() bool {
+			obtest.WaitFor(t, 5*time.Second, "the line in the file", func() bool { return fileLines(t, path) == 1 })
+			obtest.WaitFor(t, 5*time.Second, "stats", func() bool {
 				st := w.Stats()
 				return st.Events == 1 && (st.Syncs > 0 || !tt.syncsBefore)
 			})

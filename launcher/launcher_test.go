@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/internal/obtest"
 )
 
 // simBin is the onebit-decoder-sim binary built by TestMain.
@@ -106,31 +107,6 @@ func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Helper()
 	w.t.Log(strings.TrimRight(string(b), "\n"))
 	return len(b), nil
-}
-
-// waitFor polls cond until it holds or bound passes.
-func waitFor(t *testing.T, bound time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(bound)
-	for delay := time.Millisecond; !cond(); delay = min(2*delay, 50*time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", bound, what)
-		}
-		time.Sleep(delay)
-	}
-}
-
-// gone reports whether pid no longer runs (ESRCH, or a zombie nobody reaped).
-func gone(pid int) bool {
-	if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
-		return true
-	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true
-	}
-	_, after, ok := strings.Cut(string(b), ") ")
-	return ok && strings.HasPrefix(after, "Z")
 }
 
 func health(url string) int {
@@ -335,7 +311,7 @@ func TestRestartAfterKill(t *testing.T) {
 	}
 	// Either we catch the restarting state, or the exited event proves it
 	// happened; Ready must never hang.
-	waitFor(t, 10*time.Second, "the exited event", func() bool {
+	obtest.WaitFor(t, 10*time.Second, "the exited event", func() bool {
 		for _, n := range eventNames(sink) {
 			if n == EventExited {
 				return true
@@ -344,7 +320,7 @@ func TestRestartAfterKill(t *testing.T) {
 		return false
 	})
 	killed := time.Now()
-	waitFor(t, 20*time.Second, "a new ready decoder", func() bool {
+	obtest.WaitFor(t, 20*time.Second, "a new ready decoder", func() bool {
 		return d.Ready() == nil && d.PID() != 0 && d.PID() != pid
 	})
 	t.Logf("ready again %s after kill -9", time.Since(killed).Round(time.Millisecond))
@@ -354,7 +330,7 @@ func TestRestartAfterKill(t *testing.T) {
 	if got := health(url); got != 200 {
 		t.Errorf("/health %d on the same URL after restart", got)
 	}
-	if !gone(pid) {
+	if !obtest.Gone(pid) {
 		t.Errorf("old pid %d still runs", pid)
 	}
 	got := strings.Join(eventNames(sink), ",")
@@ -379,14 +355,14 @@ func TestNotReadyWhileRestarting(t *testing.T) {
 		t.Fatal(err)
 	}
 	var nr *NotReadyError
-	waitFor(t, 10*time.Second, "Ready to report the restart", func() bool {
+	obtest.WaitFor(t, 10*time.Second, "Ready to report the restart", func() bool {
 		err := d.Ready()
 		return errors.As(err, &nr)
 	})
 	if !errors.Is(nr, ErrNotReady) || !strings.Contains(nr.Error(), "the decoder is restarting") {
 		t.Errorf("Ready: %v", nr)
 	}
-	waitFor(t, 20*time.Second, "ready again", func() bool { return d.Ready() == nil })
+	obtest.WaitFor(t, 20*time.Second, "ready again", func() bool { return d.Ready() == nil })
 }
 
 func TestStopLeavesNoProcess(t *testing.T) {
@@ -435,7 +411,7 @@ func TestStopKillsWhenTERMIgnored(t *testing.T) {
 		t.Errorf("kill(%d, 0) = %v after Stop, want ESRCH", pid, err)
 	}
 	// The shell's sleep, killed with the group, is reaped by init.
-	waitFor(t, 5*time.Second, "the process group to be empty", func() bool {
+	obtest.WaitFor(t, 5*time.Second, "the process group to be empty", func() bool {
 		return errors.Is(unix.Kill(-pid, 0), unix.ESRCH)
 	})
 }
@@ -519,14 +495,14 @@ func TestParentDeathKillsDecoder(t *testing.T) {
 	if err != nil || pid <= 0 {
 		t.Fatalf("helper printed %q", line)
 	}
-	if gone(pid) {
+	if obtest.Gone(pid) {
 		t.Fatalf("decoder %d not running", pid)
 	}
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
-	waitFor(t, 10*time.Second, fmt.Sprintf("decoder %d to die with its parent", pid), func() bool { return gone(pid) })
+	obtest.WaitFor(t, 10*time.Second, fmt.Sprintf("decoder %d to die with its parent", pid), func() bool { return obtest.Gone(pid) })
 }
 
 // BenchmarkStartStop: spawn the simulator, wait for /health 200, stop it.

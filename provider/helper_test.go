@@ -12,6 +12,8 @@ import (
 
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
+
+	"github.com/onebitd/onebitd/internal/obtest"
 )
 
 // The test binary doubles as the provider: with GO_WANT_HELPER_PROCESS=1 and
@@ -128,38 +130,11 @@ func openFDs() []int {
 	return fds
 }
 
-// waitFor polls cond every few milliseconds until it holds or d passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// gone reports whether pid no longer runs (no such process, or a zombie
-// that nobody has reaped yet).
-func gone(pid int) bool {
-	if err := syscall.Kill(pid, 0); err == syscall.ESRCH {
-		return true
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i >= 0 && i+2 < len(s) && s[i+2] == 'Z'
-}
-
 // readPID waits for the pid file written by a helper.
 func readPID(t *testing.T, path string) int {
 	t.Helper()
 	var pid int
-	waitFor(t, 10*time.Second, "the helper's pid file", func() bool {
+	obtest.WaitFor(t, 10*time.Second, "the helper's pid file", func() bool {
 		b, err := os.ReadFile(path)
 		if err != nil || len(b) == 0 {
 			return false

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/onebitd/onebitd/internal/obtest"
 )
 
 func helper(mode string, extra ...string) *Runner {
@@ -100,7 +102,7 @@ func TestRunTimeoutKillsGroup(t *testing.T) {
 		t.Fatalf("result %+v", res)
 	}
 	gc := readPID(t, pidFile)
-	waitFor(t, 10*time.Second, "the grandchild to die", func() bool { return gone(gc) })
+	obtest.WaitFor(t, 10*time.Second, "the grandchild to die", func() bool { return obtest.Gone(gc) })
 }
 
 func TestRunCancelKillsGroup(t *testing.T) {
@@ -124,7 +126,7 @@ func TestRunCancelKillsGroup(t *testing.T) {
 	if err.Error() != "provider cancelled (process group killed)" {
 		t.Fatalf("reason %q", err)
 	}
-	waitFor(t, 10*time.Second, "the grandchild to die", func() bool { return gone(gc) })
+	obtest.WaitFor(t, 10*time.Second, "the grandchild to die", func() bool { return obtest.Gone(gc) })
 }
 
 func TestRunParentDeadline(t *testing.T) {
@@ -167,7 +169,7 @@ func TestRunGrandchildHoldsStderr(t *testing.T) {
 				t.Fatalf("result %+v, want reason %q", res, tc.reason)
 			}
 			gc := readPID(t, pidFile)
-			waitFor(t, 10*time.Second, "the grandchild to die", func() bool { return gone(gc) })
+			obtest.WaitFor(t, 10*time.Second, "the grandchild to die", func() bool { return obtest.Gone(gc) })
 		})
 	}
 }

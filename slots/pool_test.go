@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/onebitd/onebitd/internal/obtest"
 )
 
 func TestAcquireRelease(t *testing.T) {
@@ -26,7 +28,7 @@ func TestAcquireRelease(t *testing.T) {
 		}
 		got <- s
 	}()
-	waitFor(t, func() bool { return p.Stats().Waiting == 1 })
+	obtest.WaitFor(t, 5*time.Second, "a waiter", func() bool { return p.Stats().Waiting == 1 })
 	if _, err := p.Acquire(context.Background()); !errors.Is(err, ErrQueueFull) {
 		t.Fatalf("queue full: got %v", err)
 	}
@@ -42,7 +44,7 @@ func TestAcquireCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error)
 	go func() { _, err := p.Acquire(ctx); errc <- err }()
-	waitFor(t, func() bool { return p.Stats().Waiting == 1 })
+	obtest.WaitFor(t, 5*time.Second, "a waiter", func() bool { return p.Stats().Waiting == 1 })
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("got %v", err)
@@ -87,16 +89,5 @@ func TestNoSlotLost(t *testing.T) {
 	wg.Wait()
 	if st := p.Stats(); st.Free != 4 || st.Waiting != 0 {
 		t.Fatalf("stats: %+v", st)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 5s")
-		}
-		time.Sleep(time.Millisecond)
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/internal/obtest"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
@@ -182,35 +182,6 @@ func FuzzMessage(f *testing.F) {
 	})
 }
 
-// syncBuffer is a concurrency-safe io.Writer.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(2 * time.Millisecond) // polling interval, not synchronisation
-	}
-}
-
 func TestRunAgainstServer(t *testing.T) {
 	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true})
 	if err != nil {
@@ -232,7 +203,7 @@ func TestRunAgainstServer(t *testing.T) {
 	}
 	defer pub.Close()
 
-	var out, errw syncBuffer
+	var out, errw obtest.Buffer
 	ready := make(chan struct{})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -256,7 +227,7 @@ func TestRunAgainstServer(t *testing.T) {
 	if err := pub.Publish("onebit.node-a.junk", []byte("junk")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "lines", func() bool {
+	obtest.WaitFor(t, 5*time.Second, "lines", func() bool {
 		return out.String() == want.String() && strings.Contains(errw.String(), "not an event")
 	})
 	cancel()

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,40 +14,12 @@ import (
 
 	"github.com/onebitd/onebitd/bus"
 	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/internal/obtest"
 )
-
-// watchBuf is a concurrency-safe io.Writer.
-type watchBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *watchBuf) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *watchBuf) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
-
-func watchWaitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(2 * time.Millisecond) // polling interval, not synchronisation
-	}
-}
 
 // watchSession runs watchRun in a goroutine until stop is called.
 type watchSession struct {
-	stdout, stderr watchBuf
+	stdout, stderr obtest.Buffer
 	cancel         context.CancelFunc
 	code           chan int
 }
@@ -157,7 +128,7 @@ func TestWatchCommandEndToEnd(t *testing.T) {
 				c := *e
 				b.Emit(&c)
 			}
-			watchWaitFor(t, 10*time.Second, "the sentinel", func() bool { return strings.Contains(s.stdout.String(), "sentinel") })
+			obtest.WaitFor(t, 10*time.Second, "the sentinel", func() bool { return strings.Contains(s.stdout.String(), "sentinel") })
 			s.stop(t)
 			lines := strings.SplitAfter(s.stdout.String(), "\n")
 			got := strings.Join(lines[:len(lines)-2], "") // drop the sentinel line and the empty tail
@@ -188,9 +159,9 @@ func TestWatchCommandReconnects(t *testing.T) {
 
 	srv.Shutdown()
 	srv.WaitForShutdown()
-	watchWaitFor(t, 10*time.Second, "disconnected line", func() bool { return strings.Contains(s.stderr.String(), "disconnected") })
+	obtest.WaitFor(t, 10*time.Second, "disconnected line", func() bool { return strings.Contains(s.stderr.String(), "disconnected") })
 	start(port)
-	watchWaitFor(t, 15*time.Second, "reconnected line", func() bool { return strings.Contains(s.stderr.String(), "reconnected to") })
+	obtest.WaitFor(t, 15*time.Second, "reconnected line", func() bool { return strings.Contains(s.stderr.String(), "reconnected to") })
 
 	b, err := bus.Open(context.Background(), bus.Config{URLs: url, Node: "node-b", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -199,7 +170,7 @@ func TestWatchCommandReconnects(t *testing.T) {
 	defer b.Close()
 	e := watchEvents("node-b")[6]
 	b.Emit(e)
-	watchWaitFor(t, 10*time.Second, "event after reconnect", func() bool {
+	obtest.WaitFor(t, 10*time.Second, "event after reconnect", func() bool {
 		return strings.Contains(s.stdout.String(), "node-b r1 shared forwarding→done")
 	})
 }

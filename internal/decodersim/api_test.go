@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onebitd/onebitd/internal/obtest"
 	"github.com/onebitd/onebitd/internal/simkv"
 )
 
@@ -243,7 +244,7 @@ func TestLoading(t *testing.T) {
 
 	cfg.LoadingDelay = 30 * time.Millisecond
 	s2 := startSim(t, cfg)
-	waitFor(t, 5*time.Second, "/health 200 after the loading delay", func() bool {
+	obtest.WaitFor(t, 5*time.Second, "/health 200 after the loading delay", func() bool {
 		return s2.do("GET", "/health", nil).status == http.StatusOK
 	})
 }

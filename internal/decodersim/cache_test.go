@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onebitd/onebitd/internal/obtest"
 	"github.com/onebitd/onebitd/internal/simkv"
 )
 
@@ -262,7 +263,7 @@ func TestBusySlotWaits(t *testing.T) {
 		}
 		done <- c
 	}()
-	waitFor(t, 5*time.Second, "slot 0 processing", func() bool { return s.srv.sched.isBusy(0) })
+	obtest.WaitFor(t, 5*time.Second, "slot 0 processing", func() bool { return s.srv.sched.isBusy(0) })
 	save := s.post("/slots/0?action=save", map[string]string{"filename": "busy.bin"}).json(t)
 	c := <-done
 	if c.TokensCached == 0 || save["n_saved"] != float64(c.TokensCached) {
@@ -292,20 +293,20 @@ func TestSchedulerFIFO(t *testing.T) {
 		return func() bool { sc.mu.Lock(); defer sc.mu.Unlock(); return sc.waiters.Len() == n }
 	}
 	start("a", 0)
-	waitFor(t, 5*time.Second, "a queued", queued(1))
+	obtest.WaitFor(t, 5*time.Second, "a queued", queued(1))
 	start("b", -1)
-	waitFor(t, 5*time.Second, "b queued", queued(2))
+	obtest.WaitFor(t, 5*time.Second, "b queued", queued(2))
 
 	// A cancelled waiter leaves the queue.
 	cctx, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)
 	go func() { _, err := sc.acquire(cctx, 0, nil); errc <- err }()
-	waitFor(t, 5*time.Second, "c queued", queued(3))
+	obtest.WaitFor(t, 5*time.Second, "c queued", queued(3))
 	cancel()
 	if err := <-errc; err != context.Canceled {
 		t.Fatalf("cancelled acquire: %v", err)
 	}
-	waitFor(t, 5*time.Second, "c gone", queued(2))
+	obtest.WaitFor(t, 5*time.Second, "c gone", queued(2))
 
 	sc.release(s0) // a (first, wants 0) gets it, then releases to b
 	wg.Wait()

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/onebitd/onebitd/fdpass"
+	"github.com/onebitd/onebitd/internal/obtest"
 	"github.com/onebitd/onebitd/internal/simkv"
 )
 
@@ -359,7 +360,7 @@ func TestNoFDLeak(t *testing.T) {
 		s.post("/slots/0?action=restore", map[string]string{"filename": "ok.bin"})
 	}
 	s.ts.Client().CloseIdleConnections()
-	waitFor(t, 5*time.Second, "fds back to the server's own", func() bool { return openFDs(t) <= withServer })
+	obtest.WaitFor(t, 5*time.Second, "fds back to the server's own", func() bool { return openFDs(t) <= withServer })
 	s.ts.Close()
 	s.srv.Close()
 	if after := openFDs(t); after > before {
