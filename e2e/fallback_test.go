@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -22,16 +21,7 @@ func init() {
 	// behind onebitd's back, so that the share_id onebitd holds is no longer
 	// the slot's last one and the decoder must refuse the adopt.
 	providerModes["reshare"] = func(args []string) int {
-		cmd := exec.Command(os.Getenv("E2E_PROVIDER_BIN"), args...)
-		for fd := 3; ; fd++ {
-			f := os.NewFile(uintptr(fd), fmt.Sprintf("fd%d", fd))
-			if _, err := f.Stat(); err != nil {
-				break
-			}
-			cmd.ExtraFiles = append(cmd.ExtraFiles, f)
-		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Run(); err != nil {
+		if err := innerProvider(args); err != nil {
 			fmt.Fprintln(os.Stderr, "inner provider:", err)
 			return 1
 		}

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"testing"
 )
 
@@ -99,16 +98,7 @@ func init() {
 			defer os.Remove(bad)
 			args[i+1] = bad
 		}
-		cmd := exec.Command(os.Getenv("E2E_PROVIDER_BIN"), args...)
-		for fd := 3; ; fd++ {
-			f := os.NewFile(uintptr(fd), fmt.Sprintf("fd%d", fd))
-			if _, err := f.Stat(); err != nil {
-				break
-			}
-			cmd.ExtraFiles = append(cmd.ExtraFiles, f)
-		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Run(); err != nil {
+		if err := innerProvider(args); err != nil {
 			return 1
 		}
 		return 0

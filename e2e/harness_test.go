@@ -397,13 +397,10 @@ func assertClean(t *testing.T, e *env, baseline int) {
 		ents, _ := os.ReadDir(e.slotDir)
 		return len(ents) == 0
 	})
-	var n int
-	var mem []string
-	obtest.WaitFor(t, 5*time.Second, "fds back to baseline", func() bool {
-		n, mem = fdSnapshot(t, e.onebit.PID())
+	obtest.WaitFor(t, 5*time.Second, "onebitd's fds back to baseline and no memfd held", func() bool {
+		n, mem := fdSnapshot(t, e.onebit.PID())
 		return n <= baseline && len(mem) == 0
 	})
-	_ = n
 }
 
 // eventLog is the path of e's event log.
@@ -446,6 +443,21 @@ func helperProcess() int {
 }
 
 var providerModes = map[string]func(args []string) int{}
+
+// innerProvider runs the real sim provider ($E2E_PROVIDER_BIN) with args
+// and every fd this helper inherited from 3 on, at the same numbers.
+func innerProvider(args []string) error {
+	cmd := exec.Command(os.Getenv("E2E_PROVIDER_BIN"), args...)
+	for fd := 3; ; fd++ {
+		f := os.NewFile(uintptr(fd), fmt.Sprintf("fd%d", fd))
+		if _, err := f.Stat(); err != nil {
+			break
+		}
+		cmd.ExtraFiles = append(cmd.ExtraFiles, f)
+	}
+	cmd.Stderr = os.Stderr
+	return cmd.Run()
+}
 
 // httpPost posts body and drains the answer; it returns the status.
 func httpPost(url, body string) (int, error) {

@@ -18,6 +18,7 @@ import (
 	"github.com/onebitd/onebitd/decoder"
 	"github.com/onebitd/onebitd/event"
 	"github.com/onebitd/onebitd/internal/decodersim"
+	"github.com/onebitd/onebitd/internal/obtest"
 	"github.com/onebitd/onebitd/slots"
 )
 
@@ -225,25 +226,19 @@ func FuzzCompletionBody(f *testing.F) {
 // returns the events.
 func settled(t *testing.T, mem *event.Mem) []event.Event {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		evs := mem.Events()
+	var evs []event.Event
+	obtest.WaitFor(t, 5*time.Second, "every request to end", func() bool {
+		evs = mem.Events()
 		last := map[string]string{}
 		for _, e := range evs {
 			last[e.RequestID] = e.To
 		}
-		open := 0
 		for _, to := range last {
 			if to != "done" && to != "failed" {
-				open++
+				return false
 			}
 		}
-		if open == 0 {
-			return evs
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d requests never ended: %+v", open, evs)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return true
+	})
+	return evs
 }

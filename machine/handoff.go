@@ -227,12 +227,11 @@ func httpStatus(err error) int {
 	return 0
 }
 
-func providerExit(res provider.Result, err error) *int {
-	if err == nil || res.ExitCode != 0 {
-		c := res.ExitCode
-		return &c
-	}
-	return nil
+// providerExit is the exit status of a provider that ran (-1: killed or
+// never exited by itself).
+func providerExit(res provider.Result) *int {
+	c := res.ExitCode
+	return &c
 }
 
 func (w *work) file(ctx context.Context, tokens []int) string {
@@ -243,9 +242,9 @@ func (w *work) file(ctx context.Context, tokens []int) string {
 	state := w.stem + ".bin"
 	res, err := w.h.prov.RunFile(ctx, tok, w.h.cfg.Model, w.path(".bin"))
 	if err != nil {
-		return w.fallback(StepProvider, err, providerExit(res, err), 0)
+		return w.fallback(StepProvider, err, providerExit(res), 0)
 	}
-	w.fire(EvPrefill, Attrs{NTokens: len(tokens), ProviderExit: providerExit(res, nil)})
+	w.fire(EvPrefill, Attrs{NTokens: len(tokens), ProviderExit: providerExit(res)})
 
 	actx, cancel := context.WithTimeout(ctx, w.h.cfg.ApplyTimeout)
 	_, err = w.h.dec.Restore(actx, w.m.Slot(), state)
@@ -312,9 +311,9 @@ func (w *work) shared(ctx context.Context, tokens []int) string {
 	}
 	res, err := w.h.prov.RunShared(ctx, tok, cfg.Model, layout, r.msg.Files)
 	if err != nil {
-		return w.fallback(StepProvider, err, providerExit(res, err), 0)
+		return w.fallback(StepProvider, err, providerExit(res), 0)
 	}
-	w.fire(EvPrefill, Attrs{NTokens: len(tokens), ProviderExit: providerExit(res, nil)})
+	w.fire(EvPrefill, Attrs{NTokens: len(tokens), ProviderExit: providerExit(res)})
 
 	actx, cancel := context.WithTimeout(ctx, cfg.ApplyTimeout)
 	err = w.h.dec.AdoptJSON(actx, w.m.Slot(), enc, *rep.ShareID)

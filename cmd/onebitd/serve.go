@@ -204,8 +204,10 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if err := waitDecoder(ctx, dec, c.DecoderWait, log); err != nil {
-		return err
+	if launched == nil { // a launched decoder is ready when Start returns
+		if err := waitDecoder(ctx, dec, c.DecoderWait, log); err != nil {
+			return err
+		}
 	}
 	props, err := dec.Props(ctx)
 	if err != nil {
