@@ -21,6 +21,7 @@ import (
 
 	"github.com/onebitd/onebitd/decoder"
 	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/handoff"
 	"github.com/onebitd/onebitd/machine"
 	"github.com/onebitd/onebitd/slots"
 )
@@ -38,7 +39,7 @@ const DefaultMaxBody = 32 << 20
 type Config struct {
 	Decoder *decoder.Client
 	Pool    *slots.Pool
-	Handoff *machine.Handoff // nil: plain route
+	Handoff *handoff.Handoff // nil: plain route
 	Sink    event.Sink
 	Logger  *slog.Logger
 	MaxBody int64
@@ -112,7 +113,7 @@ const (
 
 func (s *Server) completion(k kind) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := machine.NewRequestID()
+		id := handoff.NewRequestID()
 		w.Header().Set(HeaderRequestID, id)
 		log := s.log.With("request_id", id)
 

@@ -1,4 +1,4 @@
-package machine
+package handoff
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/onebitd/onebitd/decoder"
 	"github.com/onebitd/onebitd/event"
 	"github.com/onebitd/onebitd/fdpass"
+	"github.com/onebitd/onebitd/machine"
 	"github.com/onebitd/onebitd/provider"
 )
 
@@ -119,15 +120,15 @@ func BenchmarkHandoff(b *testing.B) {
 					tokens[i] = 1000 + i%100
 				}
 				rec := event.NewRecorder("bench")
-				route := RouteFile
+				route := machine.RouteFile
 				if share {
-					route = RouteShared
+					route = machine.RouteShared
 				}
 				b.ReportAllocs()
 				i := 0
 				for b.Loop() {
 					i++
-					m := New("r"+strconv.Itoa(i), 0, route, rec, nil)
+					m := machine.New("r"+strconv.Itoa(i), 0, route, rec, nil)
 					if reason := h.Run(context.Background(), m, tokens); reason != "" {
 						b.Fatal(reason)
 					}

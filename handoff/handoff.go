@@ -1,4 +1,7 @@
-package machine
+// Package handoff runs a request's file or shared route (DESIGN §2): the
+// steps, their deadlines, and the cleanup on every early exit. It drives a
+// machine.Machine and does the I/O that package machine must not.
+package handoff
 
 import (
 	"context"
@@ -16,6 +19,7 @@ import (
 	"github.com/onebitd/onebitd/decoder"
 	"github.com/onebitd/onebitd/event"
 	"github.com/onebitd/onebitd/fdpass"
+	"github.com/onebitd/onebitd/machine"
 	"github.com/onebitd/onebitd/provider"
 )
 
@@ -36,19 +40,6 @@ type Provider interface {
 var (
 	_ Decoder  = (*decoder.Client)(nil)
 	_ Provider = (*provider.Runner)(nil)
-)
-
-// Steps name where a handoff failed (event.Step of a fallback).
-const (
-	StepListen   = "listen"
-	StepShare    = "share"
-	StepReceive  = "receive"
-	StepPeer     = "peer"
-	StepTokens   = "tokens"
-	StepProvider = "provider"
-	StepAdopt    = "adopt"
-	StepRestore  = "restore"
-	StepTokenize = "tokenize"
 )
 
 // Config is the handoff's configuration.
@@ -101,18 +92,18 @@ func NewHandoff(cfg Config, dec Decoder, prov Provider, log *slog.Logger) *Hando
 }
 
 // Route is the route this runner takes.
-func (h *Handoff) Route() Route {
+func (h *Handoff) Route() machine.Route {
 	if h.cfg.Share {
-		return RouteShared
+		return machine.RouteShared
 	}
-	return RouteFile
+	return machine.RouteFile
 }
 
 // Run hands tokens' KV to the decoder's slot m.Slot() and leaves m in
 // adopted, restored or fallback. It returns the fallback reason ("" on
 // success). Every file it made and every fd it received is gone when it
 // returns.
-func (h *Handoff) Run(ctx context.Context, m *Machine, tokens []int) string {
+func (h *Handoff) Run(ctx context.Context, m *machine.Machine, tokens []int) string {
 	w := &work{h: h, m: m, stem: m.ID()}
 	defer w.release() // belt and braces: cleanup already ran on every path
 	if h.cfg.Share {
@@ -163,7 +154,7 @@ func CleanStale(dir string) (int, error) {
 // work is one run's resources.
 type work struct {
 	h     *Handoff
-	m     *Machine
+	m     *machine.Machine
 	stem  string
 	l     *fdpass.Listener
 	msg   *fdpass.Message
@@ -204,7 +195,7 @@ func (w *work) release() *event.Cleanup {
 	return &w.clean
 }
 
-func (w *work) fire(ev Event, a Attrs) {
+func (w *work) fire(ev machine.Event, a machine.Attrs) {
 	if err := w.m.Fire(ev, a); err != nil {
 		w.h.log.Error("illegal transition", "request_id", w.m.ID(), "error", err)
 	}
@@ -215,7 +206,7 @@ func (w *work) fallback(step string, err error, exit *int, status int) string {
 	reason := err.Error()
 	cl := w.release()
 	w.h.log.Warn("handoff fell back", "request_id", w.m.ID(), "slot", w.m.Slot(), "step", step, "reason", reason)
-	w.fire(EvFallback, Attrs{Reason: reason, Step: step, ProviderExit: exit, HTTPStatus: status, Cleanup: cl})
+	w.fire(machine.EvFallback, machine.Attrs{Reason: reason, Step: step, ProviderExit: exit, HTTPStatus: status, Cleanup: cl})
 	return reason
 }
 
@@ -237,22 +228,22 @@ func providerExit(res provider.Result) *int {
 func (w *work) file(ctx context.Context, tokens []int) string {
 	tok := w.path(".tokens")
 	if err := provider.WriteTokens(tok, tokens); err != nil {
-		return w.fallback(StepTokens, fmt.Errorf("cannot write the tokens file: %w", err), nil, 0)
+		return w.fallback(machine.StepTokens, fmt.Errorf("cannot write the tokens file: %w", err), nil, 0)
 	}
 	state := w.stem + ".bin"
 	res, err := w.h.prov.RunFile(ctx, tok, w.h.cfg.Model, w.path(".bin"))
 	if err != nil {
-		return w.fallback(StepProvider, err, providerExit(res), 0)
+		return w.fallback(machine.StepProvider, err, providerExit(res), 0)
 	}
-	w.fire(EvPrefill, Attrs{NTokens: len(tokens), ProviderExit: providerExit(res)})
+	w.fire(machine.EvPrefill, machine.Attrs{NTokens: len(tokens), ProviderExit: providerExit(res)})
 
 	actx, cancel := context.WithTimeout(ctx, w.h.cfg.ApplyTimeout)
 	_, err = w.h.dec.Restore(actx, w.m.Slot(), state)
 	cancel()
 	if err != nil {
-		return w.fallback(StepRestore, err, nil, httpStatus(err))
+		return w.fallback(machine.StepRestore, err, nil, httpStatus(err))
 	}
-	w.fire(EvRestore, Attrs{NTokens: len(tokens), Cleanup: w.release()})
+	w.fire(machine.EvRestore, machine.Attrs{NTokens: len(tokens), Cleanup: w.release()})
 	return ""
 }
 
@@ -265,10 +256,10 @@ func (w *work) shared(ctx context.Context, tokens []int) string {
 	cfg := w.h.cfg
 	l, err := fdpass.Listen(cfg.SlotDir, w.stem)
 	if err != nil {
-		return w.fallback(StepListen, err, nil, 0)
+		return w.fallback(machine.StepListen, err, nil, 0)
 	}
 	w.l = l
-	w.fire(EvListen, Attrs{})
+	w.fire(machine.EvListen, machine.Attrs{})
 
 	deadline := time.Now().Add(cfg.AcceptTimeout)
 	rc := make(chan received, 1)
@@ -286,42 +277,42 @@ func (w *work) shared(ctx context.Context, tokens []int) string {
 		if errors.Is(r.err, errWrongPeer) {
 			// We hung up on the impostor, so the decoder's share failed
 			// too: the peer is the cause worth reporting.
-			return w.fallback(StepPeer, r.err, nil, 0)
+			return w.fallback(machine.StepPeer, r.err, nil, 0)
 		}
-		return w.fallback(StepShare, err, nil, httpStatus(err))
+		return w.fallback(machine.StepShare, err, nil, httpStatus(err))
 	}
 	r := <-rc
 	if r.err != nil {
-		step := StepReceive
+		step := machine.StepReceive
 		if errors.Is(r.err, errWrongPeer) {
-			step = StepPeer
+			step = machine.StepPeer
 		}
 		return w.fallback(step, r.err, nil, 0)
 	}
 	w.msg = r.msg
-	w.fire(EvShare, Attrs{ShareID: rep.ShareID, NFDs: len(r.msg.Files), BytesMapped: regionBytes(&r.msg.Header)})
+	w.fire(machine.EvShare, machine.Attrs{ShareID: rep.ShareID, NFDs: len(r.msg.Files), BytesMapped: regionBytes(&r.msg.Header)})
 
 	tok, layout := w.path(".tokens"), w.path(".json")
 	enc := provider.AppendTokens(make([]byte, 0, 2+6*len(tokens)), tokens) // file and adopt body
 	if err := provider.WriteTokensJSON(tok, enc); err != nil {
-		return w.fallback(StepTokens, fmt.Errorf("cannot write the tokens file: %w", err), nil, 0)
+		return w.fallback(machine.StepTokens, fmt.Errorf("cannot write the tokens file: %w", err), nil, 0)
 	}
 	if err := writeFile0600(layout, r.msg.Raw); err != nil {
-		return w.fallback(StepTokens, fmt.Errorf("cannot write the layout file: %w", err), nil, 0)
+		return w.fallback(machine.StepTokens, fmt.Errorf("cannot write the layout file: %w", err), nil, 0)
 	}
 	res, err := w.h.prov.RunShared(ctx, tok, cfg.Model, layout, r.msg.Files)
 	if err != nil {
-		return w.fallback(StepProvider, err, providerExit(res), 0)
+		return w.fallback(machine.StepProvider, err, providerExit(res), 0)
 	}
-	w.fire(EvPrefill, Attrs{NTokens: len(tokens), ProviderExit: providerExit(res)})
+	w.fire(machine.EvPrefill, machine.Attrs{NTokens: len(tokens), ProviderExit: providerExit(res)})
 
 	actx, cancel := context.WithTimeout(ctx, cfg.ApplyTimeout)
 	err = w.h.dec.AdoptJSON(actx, w.m.Slot(), enc, *rep.ShareID)
 	cancel()
 	if err != nil {
-		return w.fallback(StepAdopt, err, nil, httpStatus(err))
+		return w.fallback(machine.StepAdopt, err, nil, httpStatus(err))
 	}
-	w.fire(EvAdopt, Attrs{ShareID: rep.ShareID, NTokens: len(tokens), Cleanup: w.release()})
+	w.fire(machine.EvAdopt, machine.Attrs{ShareID: rep.ShareID, NTokens: len(tokens), Cleanup: w.release()})
 	return ""
 }
 

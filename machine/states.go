@@ -1,5 +1,7 @@
-// Package machine is the per-request state machine (looplab/fsm) and the
-// handoff runner that drives it through a route.
+// Package machine is the per-request state machine (looplab/fsm): the
+// states, the one transition table (DESIGN §4) and Machine. It does no I/O:
+// the runner that drives a machine through a route is package handoff, and
+// the offline audit (eventlog) depends on the table alone.
 //
 //	              listen            share              prefill
 //	received ──────────▶ listening ───────▶ shared ───────────▶ prefilled

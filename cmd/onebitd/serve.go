@@ -21,6 +21,7 @@ import (
 	"github.com/onebitd/onebitd/eventlog"
 	"github.com/onebitd/onebitd/fdpass"
 	"github.com/onebitd/onebitd/handlers"
+	"github.com/onebitd/onebitd/handoff"
 	"github.com/onebitd/onebitd/launcher"
 	"github.com/onebitd/onebitd/machine"
 	"github.com/onebitd/onebitd/provider"
@@ -129,8 +130,8 @@ func newLogger(format, level string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("bad --log-format %q (text|json)", format)
 }
 
-// stemLen is the longest file stem a request uses (machine.NewRequestID).
-const stemLen = machine.RequestIDLen
+// stemLen is the longest file stem a request uses (handoff.NewRequestID).
+const stemLen = handoff.RequestIDLen
 
 func (c *serveConfig) check() error {
 	if (c.DecoderURL == "") == (c.DecoderBin == "") {
@@ -168,7 +169,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger) error {
 	if err := os.MkdirAll(c.SlotDir, 0o700); err != nil {
 		return fmt.Errorf("slot dir: %w", err)
 	}
-	if n, err := machine.CleanStale(c.SlotDir); err != nil {
+	if n, err := handoff.CleanStale(c.SlotDir); err != nil {
 		return fmt.Errorf("slot dir: %w", err)
 	} else if n > 0 {
 		log.Warn("removed handoff files left by an earlier run that did not stop cleanly", "slot_dir", c.SlotDir, "files", n)
@@ -233,7 +234,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger) error {
 	route := machine.RoutePlain
 	if c.Provider != "" {
 		prov := &provider.Runner{Path: c.Provider, Args: c.ProviderArgs, Timeout: c.ProviderTimeout, Logger: log}
-		hcfg.Handoff = machine.NewHandoff(machine.Config{
+		hcfg.Handoff = handoff.NewHandoff(handoff.Config{
 			SlotDir:        c.SlotDir,
 			Model:          c.Model,
 			Share:          c.KVShare,

@@ -16,6 +16,7 @@ import (
 	"github.com/onebitd/onebitd/event"
 	"github.com/onebitd/onebitd/eventlog"
 	"github.com/onebitd/onebitd/handlers"
+	"github.com/onebitd/onebitd/handoff"
 	"github.com/onebitd/onebitd/machine"
 	"github.com/onebitd/onebitd/provider"
 	"github.com/onebitd/onebitd/slots"
@@ -175,7 +176,7 @@ func newHandoffStack(ctx context.Context, c *Config, route machine.Route, model 
 	front, err := handlers.New(handlers.Config{
 		Decoder: dec,
 		Pool:    slots.New(1, 256),
-		Handoff: machine.NewHandoff(machine.Config{SlotDir: slotDir, Model: model, Share: route == machine.RouteShared,
+		Handoff: handoff.NewHandoff(handoff.Config{SlotDir: slotDir, Model: model, Share: route == machine.RouteShared,
 			CheckPeerCreds: true, PeerUID: os.Getuid()}, dec, prov, nil),
 		Sink: event.NewRecorder("bench-inproc", s.events, w, b),
 	})

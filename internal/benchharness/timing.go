@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/onebitd/onebitd/event"
-	"github.com/onebitd/onebitd/machine"
+	"github.com/onebitd/onebitd/handoff"
 	"github.com/onebitd/onebitd/provider"
 )
 
@@ -160,7 +160,7 @@ type timedProvider struct {
 	log *callLog
 }
 
-var _ machine.Provider = (*timedProvider)(nil)
+var _ handoff.Provider = (*timedProvider)(nil)
 
 func (p *timedProvider) RunFile(ctx context.Context, tokens, model, state string) (provider.Result, error) {
 	t0 := time.Now()
