@@ -34,4 +34,7 @@ var (
 	ErrMissingEvents = errors.New("benchharness: event log lacks a transition")
 	// ErrNoBinary: a binary the harness starts is not built.
 	ErrNoBinary = errors.New("benchharness: binary not found (run make build)")
+	// ErrGoBenchSyntax: a benchmark line of `go test -bench` output is
+	// malformed (benchfmt's syntax error, with file and line, is wrapped).
+	ErrGoBenchSyntax = errors.New("benchharness: malformed Go benchmark line")
 )

@@ -1,20 +1,24 @@
 package benchharness
 
 import (
-	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
-	"strconv"
-	"strings"
+
+	"golang.org/x/perf/benchfmt"
 )
 
-// GoBench is one Go benchmark's medians over its runs (-count N).
+// GoBench is one Go benchmark's runs (-count N), parsed by
+// golang.org/x/perf/benchfmt, with benchmath's median and 95 % confidence
+// interval per unit.
 type GoBench struct {
-	Pkg     string // import path
-	Name    string // without the -GOMAXPROCS suffix
+	Pkg     string // import path (the "pkg:" line)
+	Name    string // "Benchmark…" without the -GOMAXPROCS suffix
 	Runs    int
-	Metrics map[string]float64 // unit → median: "ns/op", "B/op", "allocs/op", "MB/s", custom units
+	Metrics map[string]float64   // unit → median: "ns/op", "B/op", "allocs/op", "MB/s", custom units
+	Stats   map[string]Stat      // unit → median with its confidence interval
+	Values  map[string][]float64 // unit → every run's value, in file order
 }
 
 // NsPerOp is the median ns/op.
@@ -27,77 +31,119 @@ func ParseGoBenchFile(path string) ([]GoBench, error) {
 		return nil, err
 	}
 	defer f.Close()
-	return ParseGoBench(f)
+	return parseGoBench(f, path)
 }
 
-// ParseGoBench parses `go test -bench` output: "pkg:" lines name the
-// package of the benchmark lines that follow; each benchmark line is a
-// name, an iteration count and value-unit pairs. Other lines are skipped.
-// The result keeps the order of first appearance.
-func ParseGoBench(r io.Reader) ([]GoBench, error) {
+// ParseGoBench parses `go test -bench` output (the Go benchmark format, read
+// by benchfmt): "pkg:" lines name the package of the benchmark lines that
+// follow; each benchmark line is a name, an iteration count and value-unit
+// pairs, in the units as printed (not benchfmt's tidied ones). A name alone
+// on its line and other lines are skipped. The result keeps the order of
+// first appearance. Malformed benchmark lines are reported as one error
+// wrapping ErrGoBenchSyntax alongside the benchmarks that did parse.
+func ParseGoBench(r io.Reader) ([]GoBench, error) { return parseGoBench(r, "") }
+
+func parseGoBench(r io.Reader, name string) ([]GoBench, error) {
 	type key struct{ pkg, name string }
 	var order []key
-	runs := map[key]map[string][]float64{}
-	count := map[key]int{}
-	pkg := ""
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if p, ok := strings.CutPrefix(line, "pkg: "); ok {
-			pkg = strings.TrimSpace(p)
-			continue
-		}
-		if !strings.HasPrefix(line, "Benchmark") {
-			continue
-		}
-		f := strings.Fields(line)
-		if len(f) < 4 || len(f)%2 != 0 {
-			continue // "BenchmarkX" alone (a name printed before its output) or a log line
-		}
-		if _, err := strconv.ParseInt(f[1], 10, 64); err != nil {
-			continue
-		}
-		k := key{pkg, trimProcs(f[0])}
-		vals := map[string]float64{}
-		for i := 2; i+1 < len(f); i += 2 {
-			v, err := strconv.ParseFloat(f[i], 64)
-			if err != nil {
-				return nil, fmt.Errorf("benchmark line %q: value %q: %w", line, f[i], err)
+	byKey := map[key]*GoBench{}
+	var bad []error
+	rd := benchfmt.NewReader(r, name)
+	for rd.Scan() {
+		switch rec := rd.Result().(type) {
+		case *benchfmt.SyntaxError:
+			bad = append(bad, rec)
+		case *benchfmt.Result:
+			k := key{rec.GetConfig("pkg"), "Benchmark" + trimProcs(rec.Name)}
+			b := byKey[k]
+			if b == nil {
+				b = &GoBench{Pkg: k.pkg, Name: k.name, Metrics: map[string]float64{}, Stats: map[string]Stat{}, Values: map[string][]float64{}}
+				byKey[k] = b
+				order = append(order, k)
 			}
-			vals[f[i+1]] = v
+			b.Runs++
+			for _, v := range rec.Values {
+				u, x := v.Unit, v.Value
+				if v.OrigUnit != "" { // benchfmt tidied ns/op into sec/op: keep what go test printed
+					u, x = v.OrigUnit, v.OrigValue
+				}
+				b.Values[u] = append(b.Values[u], x)
+			}
 		}
-		if _, seen := runs[k]; !seen {
-			order = append(order, k)
-			runs[k] = map[string][]float64{}
-		}
-		for u, v := range vals {
-			runs[k][u] = append(runs[k][u], v)
-		}
-		count[k]++
 	}
-	if err := sc.Err(); err != nil {
+	if err := rd.Err(); err != nil {
 		return nil, err
 	}
 	out := make([]GoBench, 0, len(order))
 	for _, k := range order {
-		b := GoBench{Pkg: k.pkg, Name: k.name, Runs: count[k], Metrics: map[string]float64{}}
-		for u, vs := range runs[k] {
-			b.Metrics[u] = MedianFloat(vs)
+		b := byKey[k]
+		for u, xs := range b.Values {
+			b.Stats[u] = Estimate(xs)
+			b.Metrics[u] = b.Stats[u].Center
 		}
-		out = append(out, b)
+		out = append(out, *b)
+	}
+	if len(bad) > 0 {
+		return out, fmt.Errorf("%w: %w", ErrGoBenchSyntax, errors.Join(bad...))
 	}
 	return out, nil
 }
 
-// trimProcs drops the "-N" GOMAXPROCS suffix of a benchmark name.
-func trimProcs(name string) string {
-	i := strings.LastIndexByte(name, '-')
-	if i < 0 {
-		return name
+// trimProcs drops the "-N" GOMAXPROCS suffix of a benchmark name (benchfmt
+// keeps it as the name's last part).
+func trimProcs(n benchfmt.Name) string {
+	base, parts := n.Parts()
+	s := string(base)
+	for _, p := range parts {
+		if len(p) > 0 && p[0] == '-' {
+			continue
+		}
+		s += string(p)
 	}
-	if _, err := strconv.Atoi(name[i+1:]); err != nil {
-		return name
+	return s
+}
+
+// GoBenchDelta is one benchmark and unit in two `go test -bench` outputs
+// (before → after), compared as benchstat does.
+type GoBenchDelta struct {
+	Pkg, Name, Unit string
+	Before, After   Stat
+	Cmp             Comparison
+}
+
+// Delta is benchstat's delta column: the change of the medians in percent,
+// or "~" when the samples do not differ significantly.
+func (d GoBenchDelta) Delta() string {
+	if !d.Cmp.Significant() {
+		return "~"
 	}
-	return name[:i]
+	if d.Before.Center == 0 {
+		return "?"
+	}
+	return fmt.Sprintf("%+.2f %%", 100*(d.After.Center/d.Before.Center-1))
+}
+
+// CompareGoBench pairs the benchmarks of before and after by package, name
+// and unit (ns/op, B/op, allocs/op and custom units), in after's order.
+func CompareGoBench(before, after []GoBench) []GoBenchDelta {
+	type key struct{ pkg, name string }
+	old := map[key]GoBench{}
+	for _, b := range before {
+		old[key{b.Pkg, b.Name}] = b
+	}
+	var out []GoBenchDelta
+	for _, a := range after {
+		b, ok := old[key{a.Pkg, a.Name}]
+		if !ok {
+			continue
+		}
+		for _, u := range sortedUnits(a.Metrics) {
+			bv, ok := b.Values[u]
+			if !ok {
+				continue
+			}
+			out = append(out, GoBenchDelta{Pkg: a.Pkg, Name: a.Name, Unit: u, Before: b.Stats[u], After: a.Stats[u], Cmp: Compare(bv, a.Values[u])})
+		}
+	}
+	return out
 }
