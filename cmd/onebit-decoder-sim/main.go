@@ -1,10 +1,12 @@
 // Command onebit-decoder-sim is a simulated llama-server with the fork's
 // share/adopt slot actions (see internal/decodersim). It takes llama-server's
-// flags (--host --port -c -np --slot-save-path -m -fa -b -ub -ctk -ctv) plus
+// flags (--host --port -c -np --slot-save-path -m -fa -b -ub -ctk -ctv
+// --api-key --api-key-file; --host PATH.sock listens on a unix socket) plus
 // the sim's own (--recurrent --chunk-size --cell-size --n-layer
-// --loading-delay --token-delay --lax-share-id), prints
-// "onebit-decoder-sim listening on http://HOST:PORT" to stderr once serving,
-// and shuts down gracefully on SIGTERM or SIGINT.
+// --loading-delay --token-delay --lax-share-id --compact
+// --prompt-ms-per-token), prints "onebit-decoder-sim listening on
+// http://HOST:PORT" (or "unix://PATH") to stderr once serving, and shuts down
+// gracefully on SIGTERM or SIGINT.
 package main
 
 import (
@@ -44,8 +46,8 @@ func run() int {
 	defer srv.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	err = srv.ListenAndServe(ctx, shutdownGrace, func(addr string) {
-		fmt.Fprintf(os.Stderr, "onebit-decoder-sim listening on http://%s\n", addr)
+	err = srv.ListenAndServe(ctx, shutdownGrace, func(url string) {
+		fmt.Fprintf(os.Stderr, "onebit-decoder-sim listening on %s\n", url)
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "onebit-decoder-sim: %v\n", err)

@@ -2,8 +2,10 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -201,5 +203,74 @@ func TestBinaryBadFlags(t *testing.T) {
 		if !errors.As(err, &ee) || ee.ExitCode() != tc.code || !strings.Contains(string(out), tc.msg) {
 			t.Errorf("%v: %v, output %q; want exit %d and %q", tc.args, err, out, tc.code, tc.msg)
 		}
+	}
+}
+
+// TestBinaryUnixSocket: --host PATH.sock listens on a unix socket created
+// with the process umask (as llama-server does: the directory protects it),
+// announces "listening on unix://PATH", and --api-key-file protects every
+// endpoint but /health.
+func TestBinaryUnixSocket(t *testing.T) {
+	bin := buildSim(t)
+	dir := t.TempDir()
+	model := filepath.Join(dir, "model.gguf")
+	keys := filepath.Join(dir, "keys")
+	if err := os.WriteFile(model, []byte("GGUF-SIM cmd test\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keys, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "decoder.sock")
+	s := startSim(t, bin, "--host", sock, "-m", model, "-c", "512", "--api-key-file", keys)
+	if s.url != "unix://"+sock {
+		t.Fatalf("listening on %q, want unix://%s", s.url, sock)
+	}
+	fi, err := os.Lstat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	umask := syscall.Umask(0)
+	syscall.Umask(umask)
+	if fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != os.FileMode(0o777&^umask) {
+		t.Errorf("socket mode %v, want a socket with %#o (umask %#o)", fi.Mode(), 0o777&^umask, umask)
+	}
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+	}}
+	defer client.CloseIdleConnections()
+	for _, tc := range []struct {
+		path, key string
+		status    int
+	}{
+		{"/health", "", 200},
+		{"/props", "", 401},
+		{"/props", "wrong", 401},
+		{"/props", "s3cret", 200},
+	} {
+		req, _ := http.NewRequest("GET", "http://sim"+tc.path, nil)
+		if tc.key != "" {
+			req.Header.Set("Authorization", "Bearer "+tc.key)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", tc.path, err, s.stderr())
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Errorf("%s with key %q: %d, want %d", tc.path, tc.key, resp.StatusCode, tc.status)
+		}
+	}
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := s.wait(t); code != 0 {
+		t.Errorf("exit %d\n%s", code, s.stderr())
+	}
+	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket left after a clean stop: %v", err)
 	}
 }

@@ -52,7 +52,7 @@ func TestErrors(t *testing.T) {
 			"request (512 tokens) exceeds the available context size (512 tokens), try increasing it"},
 		{"completion bad id_slot", nil, "POST", "/completion", `{"prompt":"x","id_slot":1}`, 400, "invalid_request_error", "invalid id_slot 1…"},
 		{"completion bad stop", nil, "POST", "/completion", `{"prompt":"x","stop":5}`, 400, "invalid_request_error", `"stop" must be a string or an array of strings`},
-		{"completion bad n_predict", nil, "POST", "/completion", `{"prompt":"x","n_predict":"a"}`, 500, "server_error", "[json.exception.parse_error.101] parse error…"},
+		{"completion bad n_predict", nil, "POST", "/completion", `{"prompt":"x","n_predict":"a"}`, 500, "server_error", "[json.exception.type_error.302] n_predict…"},
 		{"oai completion no prompt", nil, "POST", "/v1/completions", "{}", 400, "invalid_request_error", `"prompt" is required`},
 		{"chat no messages", nil, "POST", "/v1/chat/completions", "{}", 400, "invalid_request_error", "'messages' is required"},
 		{"chat messages not array", nil, "POST", "/v1/chat/completions", `{"messages":"hi"}`, 400, "invalid_request_error", "Expected 'messages' to be an array…"},
@@ -60,7 +60,7 @@ func TestErrors(t *testing.T) {
 		{"template no role", nil, "POST", "/apply-template", `{"messages":[{"content":"x"}]}`, 400, "invalid_request_error", "message 0: missing 'role'"},
 		{"template image part", nil, "POST", "/apply-template", `{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, 400, "invalid_request_error", "message 0: unsupported content part type \"image_url\""},
 		{"tokenize invalid json", nil, "POST", "/tokenize", "[", 500, "server_error", "[json.exception.parse_error.101]…"},
-		{"detokenize bad tokens", nil, "POST", "/detokenize", `{"tokens":"x"}`, 500, "server_error", "[json.exception.parse_error.101]…"},
+		{"detokenize bad tokens", nil, "POST", "/detokenize", `{"tokens":"x"}`, 500, "server_error", "[json.exception.type_error.302] tokens…"},
 
 		{"slot id not a number", nil, "POST", "/slots/x?action=save", `{"filename":"a"}`, 400, "invalid_request_error", "Invalid slot ID"},
 		{"slot id too large", nil, "POST", "/slots/1?action=save", `{"filename":"a"}`, 400, "invalid_request_error", "Invalid slot ID: 1 (total_slots is 1)"},
@@ -96,7 +96,7 @@ func TestErrors(t *testing.T) {
 		{"adopt no share_id", nil, "POST", "/slots/0?action=adopt", `{"tokens":[1]}`, 400, "invalid_request_error", "share_id is required"},
 		{"adopt null share_id", nil, "POST", "/slots/0?action=adopt", `{"tokens":[1],"share_id":null}`, 400, "invalid_request_error", "share_id is required"},
 		{"adopt bad share_id", nil, "POST", "/slots/0?action=adopt", `{"tokens":[1],"share_id":"x"}`, 400, "invalid_request_error", `share_id must be a positive integer, got "x"`},
-		{"adopt never shared", nil, "POST", "/slots/0?action=adopt", `{"tokens":[1],"share_id":1}`, 400, "invalid_request_error", "share_id 1 is not the last share of slot 0 (last: none)"},
+		{"adopt never shared", nil, "POST", "/slots/0?action=adopt", `{"tokens":[1],"share_id":1}`, 400, "invalid_request_error", refused(1, 0)},
 		{"adopt layout mismatch", nil, "POST", "/slots/0?action=adopt", `{"tokens":[1],"share_id":1,"layout_hash":"0123"}`, 400, "invalid_request_error", `layout_hash "0123" does not match this decoder's layout …`},
 		{"adopt too long", nil, "POST", "/slots/0?action=adopt", map[string]any{"tokens": long, "share_id": 1}, 400, "exceed_context_size_error", "request (600 tokens) exceeds…"},
 

@@ -17,7 +17,7 @@ import (
 // Config is the simulator's configuration; the field comments name the
 // llama-server flag (or the sim's own flag) that sets each one.
 type Config struct {
-	Host         string        // --host
+	Host         string        // --host (a path ending in .sock: a unix socket)
 	Port         int           // --port (0: pick a free port)
 	NCtx         int           // -c, --ctx-size (total cells; 0: the model's 4096)
 	NParallel    int           // -np, --parallel (slots)
@@ -37,6 +37,7 @@ type Config struct {
 	TokenDelay   time.Duration // --token-delay: sleep per generated token
 	LaxShareID   bool          // --lax-share-id: TEST SWITCH, adopt ignores share_id validity
 	ShareNoSend  bool          // --share-no-connect: TEST SWITCH, share answers 200 but never connects
+	APIKeys      []string      // --api-key (comma-separated) and --api-key-file (one a line)
 }
 
 // Defaults that are not llama-server's.
@@ -110,6 +111,15 @@ func ParseArgs(args []string, out io.Writer) (Config, error) {
 	fs.DurationVar(&c.TokenDelay, "token-delay", 0, "sleep this long per generated token")
 	fs.BoolVar(&c.LaxShareID, "lax-share-id", false, "TEST SWITCH: adopt ignores share_id validity")
 	fs.BoolVar(&c.ShareNoSend, "share-no-connect", false, "TEST SWITCH: share answers with a share_id but never connects to the socket")
+	fs.Func("api-key", "API keys, comma-separated: every endpoint but /health and the model list needs one", func(s string) error {
+		c.APIKeys = append(c.APIKeys, splitKeys(s)...)
+		return nil
+	})
+	fs.Func("api-key-file", "file of API keys, one a line", func(s string) error {
+		keys, err := readKeyFile(s)
+		c.APIKeys = append(c.APIKeys, keys...)
+		return err
+	})
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(out, "usage: onebit-decoder-sim -m MODEL [llama-server flags]\n")

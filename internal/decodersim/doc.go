@@ -45,11 +45,30 @@
 // be written by others) and the slot remembers the new share_id, a
 // per-server counter from 1. adopt accepts that share_id once; a share that
 // is not the slot's last, already adopted, or voided by a later write into the
-// slot (a completion or restore) is refused with 400, and so is an adopt
-// whose optional "layout_hash" differs from the decoder's. --lax-share-id turns
+// slot (a completion or restore) is refused with 400 — one message for every
+// reason, "share_id N is not the pending share of slot K", so that a refusal
+// helps nobody guess a valid id (the reason goes to the simulator's log) —,
+// and so is an adopt whose optional "layout_hash" differs from the decoder's. --lax-share-id turns
 // the checks off (a test switch proving that the conformance probe catches a
 // lax decoder). --recurrent makes share and adopt answer 501 "no shareable
 // region".
+//
+// # Access control and request bodies
+//
+// As llama-server: --api-key KEY[,KEY…] and --api-key-file FILE (one key a
+// line, empty lines skipped) make every path except /, /health, /v1/health,
+// /models, /v1/models and /api/tags answer 401 {"error":{"code":401,
+// "message":"Invalid API Key","type":"authentication_error"}} unless the
+// request's Authorization header (a "Bearer " prefix removed) or, when that
+// is empty, its X-Api-Key header holds a key. The check comes after the 503
+// of loading and before the 404 of unknown routes. --host PATH.sock listens
+// on a unix socket created with the process umask (the directory is what
+// protects it); the ready line then names unix://PATH.
+//
+// JSON bodies are read with nlohmann::json's key rules (internal/jsonexact):
+// keys match exactly, without case or Unicode folding, and the last of
+// duplicate keys wins. A value of the wrong type answers 500
+// "[json.exception.type_error.302] …".
 //
 // # Deliberate differences from upstream
 //

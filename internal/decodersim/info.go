@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/onebitd/onebitd/internal/jsonexact"
 	"github.com/onebitd/onebitd/internal/simkv"
 )
 
@@ -192,7 +193,7 @@ func applyTemplate(raw json.RawMessage) (string, *apiError) {
 		return "", apiErr(errInvalidRequest, "'messages' is required")
 	}
 	var msgs []chatMessage
-	if err := json.Unmarshal(raw, &msgs); err != nil {
+	if err := jsonexact.Unmarshal(raw, &msgs); err != nil {
 		return "", apiErr(errInvalidRequest, "Expected 'messages' to be an array of {role, content}: %v", err)
 	}
 	if len(msgs) == 0 {
@@ -225,7 +226,7 @@ func messageText(raw json.RawMessage) (string, *apiError) {
 		Type string `json:"type"`
 		Text string `json:"text"`
 	}
-	if err := json.Unmarshal(raw, &parts); err != nil {
+	if err := jsonexact.Unmarshal(raw, &parts); err != nil {
 		return "", apiErr(errInvalidRequest, "'content' must be a string or an array of parts")
 	}
 	var b strings.Builder

@@ -8,10 +8,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/onebitd/onebitd/internal/jsonexact"
 	"github.com/onebitd/onebitd/internal/simkv"
 )
 
@@ -128,22 +130,29 @@ func (s *Server) LayoutHash() string { return s.layout.Hash() }
 // Handler is the HTTP API.
 func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serveHTTP) }
 
-// ListenAndServe listens on cfg's host and port, calls ready with the
-// address actually bound (the port is picked when cfg.Port is 0), and serves
-// until ctx ends; then it shuts down gracefully, giving running requests
-// grace to finish before their connections are closed.
-func (s *Server) ListenAndServe(ctx context.Context, grace time.Duration, ready func(addr string)) error {
-	ln, err := net.Listen("tcp", net.JoinHostPort(s.cfg.Host, fmt.Sprint(s.cfg.Port)))
+// ListenAndServe listens on cfg's host and port, calls ready with the URL
+// actually bound ("http://HOST:PORT", the port picked when cfg.Port is 0; or
+// "unix://PATH" when the host ends in ".sock", as llama-server does: the
+// socket file is created with the process umask and removed at the end), and
+// serves until ctx ends; then it shuts down gracefully, giving running
+// requests grace to finish before their connections are closed.
+func (s *Server) ListenAndServe(ctx context.Context, grace time.Duration, ready func(url string)) error {
+	network, addr, scheme := "tcp", net.JoinHostPort(s.cfg.Host, fmt.Sprint(s.cfg.Port)), "http://"
+	if strings.HasSuffix(s.cfg.Host, ".sock") {
+		network, addr, scheme = "unix", s.cfg.Host, "unix://"
+	}
+	ln, err := net.Listen(network, addr)
 	if err != nil {
 		return fmt.Errorf("decodersim: listen: %w", err)
 	}
 	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
+	url := scheme + ln.Addr().String()
 	if ready != nil {
-		ready(ln.Addr().String())
+		ready(url)
 	}
-	s.log.Info("listening", attrAddr, ln.Addr().String())
+	s.log.Info("listening", attrAddr, url)
 	select {
 	case err := <-errc:
 		return fmt.Errorf("decodersim: serve: %w", err)
@@ -163,6 +172,7 @@ func (s *Server) ListenAndServe(ctx context.Context, grace time.Duration, ready 
 func (s *Server) routes() {
 	m := http.NewServeMux()
 	m.HandleFunc("GET /health", s.handleHealth)
+	m.HandleFunc("GET /v1/health", s.handleHealth)
 	m.HandleFunc("GET /props", s.handleProps)
 	m.HandleFunc("GET /slots", s.handleSlots)
 	m.HandleFunc("GET /v1/models", s.handleModels)
@@ -180,7 +190,8 @@ func (s *Server) routes() {
 }
 
 // serveHTTP is llama-server's middleware: 503 while loading (except the
-// model list), 404 "File Not Found" for unknown routes.
+// model list), then the API key check (401), then 404 "File Not Found" for
+// unknown routes.
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	s.inflight.Add(1)
 	defer s.inflight.Done()
@@ -195,6 +206,10 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, apiErr(errUnavailable, "Loading model"))
 			return
 		}
+	}
+	if !s.authorized(r) {
+		writeError(w, apiErr(errAuthentication, "Invalid API Key"))
+		return
 	}
 	if _, pattern := s.mux.Handler(r); pattern == "" {
 		writeError(w, apiErr(errNotFound, "File Not Found"))
@@ -213,6 +228,7 @@ const (
 	errNotSupported
 	errUnavailable
 	errExceedContext
+	errAuthentication
 )
 
 var errTypes = [...]struct {
@@ -225,6 +241,7 @@ var errTypes = [...]struct {
 	errNotSupported:   {"not_supported_error", http.StatusNotImplemented},
 	errUnavailable:    {"unavailable_error", http.StatusServiceUnavailable},
 	errExceedContext:  {"exceed_context_size_error", http.StatusBadRequest},
+	errAuthentication: {"authentication_error", http.StatusUnauthorized},
 }
 
 // apiError is one error answer: {"error":{"code":N,"message":"…","type":"…"}}.
@@ -275,14 +292,19 @@ const maxBody = 64 << 20
 
 // readBody reads and parses a JSON object body. Like upstream, a body that
 // is not JSON answers 500 (nlohmann's parse_error is not an invalid_argument).
+// Keys are matched as nlohmann::json matches them (see internal/jsonexact).
 func readBody(r *http.Request, v any) *apiError {
 	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBody))
-	dec.UseNumber()
-	if err := dec.Decode(v); err != nil {
+	var raw json.RawMessage
+	if err := dec.Decode(&raw); err != nil {
 		return apiErr(errServer, "[json.exception.parse_error.101] parse error: %v", err)
 	}
 	if dec.More() {
 		return apiErr(errServer, "[json.exception.parse_error.101] parse error: syntax error: unexpected data after the JSON value")
+	}
+	// Keys match exactly, the last of duplicates wins: nlohmann::json's rules.
+	if err := jsonexact.Unmarshal(raw, v); err != nil {
+		return apiErr(errServer, "[json.exception.type_error.302] %v", err)
 	}
 	return nil
 }

@@ -380,7 +380,6 @@ func (s *Server) slotAdopt(r *http.Request, id int) (any, *apiError) {
 	defer s.mu.Unlock()
 	if !s.cfg.LaxShareID {
 		if e := s.checkShareLocked(sl, shareID); e != nil {
-			s.log.Warn("adopt refused", attrSlot, id, attrShareID, shareID, attrError, e.Message)
 			return nil, e
 		}
 	}
@@ -401,21 +400,24 @@ func (s *Server) slotAdopt(r *http.Request, id int) (any, *apiError) {
 	return rep, nil
 }
 
-// checkShareLocked says why shareID may not be adopted into sl, or nil.
+// checkShareLocked refuses shareID unless it is sl's pending share. The
+// answer is the same whatever the reason (already adopted, superseded,
+// another slot's, void, never given): a caller learns nothing that helps
+// guessing a valid id. The reason goes to the simulator's own log.
 func (s *Server) checkShareLocked(sl *slot, shareID int64) *apiError {
-	last := "none"
-	if sl.share.last != 0 {
-		last = strconv.FormatInt(sl.share.last, 10)
-	}
+	var why string
 	switch {
 	case s.adopted[shareID]:
-		return apiErr(errInvalidRequest, "share_id %d was already adopted", shareID)
+		why = "already adopted"
 	case shareID != sl.share.last:
-		return apiErr(errInvalidRequest, "share_id %d is not the last share of slot %d (last: %s)", shareID, sl.id, last)
+		why = "not the slot's last share"
 	case sl.share.void:
-		return apiErr(errInvalidRequest, "share_id %d is void: slot %d's cells were written after the share", shareID, sl.id)
+		why = "void: the slot's cells were written after the share"
+	default:
+		return nil
 	}
-	return nil
+	s.log.Warn("adopt refused", attrSlot, sl.id, attrShareID, shareID, "why", why)
+	return apiErr(errInvalidRequest, "share_id %d is not the pending share of slot %d", shareID, sl.id)
 }
 
 // parseAdopt validates an adopt body. share_id is 0 when absent (only lax
