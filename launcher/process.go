@@ -82,11 +82,15 @@ func (p *process) exitReason() string {
 
 // signalGroup sends sig to the process group; a group already gone is fine.
 func (p *process) signalGroup(sig syscall.Signal) error {
-	if err := unix.Kill(-p.pid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
+	if err := groupKill(p.pid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
 		return fmt.Errorf("launcher: kill -%d -%d: %w", sig, p.pid, err)
 	}
 	return nil
 }
+
+// groupKill sends sig to the process group pgid (a variable so that a test
+// can check when the launcher signals a group).
+var groupKill = func(pgid int, sig syscall.Signal) error { return unix.Kill(-pgid, sig) }
 
 // killGroup kills whatever is left in the process group.
 func (p *process) killGroup() { _ = p.signalGroup(unix.SIGKILL) }

@@ -236,9 +236,13 @@ func (r *Runner) fail(log *slog.Logger, res Result, e *Error, stderr *tail) (Res
 	return res, e
 }
 
+// groupKill sends sig to the process group pgid (a variable so that a test
+// can check when the runner signals a group).
+var groupKill = func(pgid int, sig syscall.Signal) error { return syscall.Kill(-pgid, sig) }
+
 // killGroup sends SIGKILL to the process group led by pid.
 func killGroup(pid int) error {
-	err := syscall.Kill(-pid, syscall.SIGKILL)
+	err := groupKill(pid, syscall.SIGKILL)
 	if errors.Is(err, syscall.ESRCH) {
 		return os.ErrProcessDone
 	}
