@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -117,6 +118,7 @@ type Bus struct {
 	dropSignal  chan struct{} // wakes the reporter
 	wg          sync.WaitGroup
 	closed      atomic.Bool
+	entered     atomic.Int64 // Emit/Publish calls past the closed check (see enter)
 	closeOnce   sync.Once
 
 	subjects sync.Map // to-state ⇒ subject, for cfg.Node
@@ -271,10 +273,10 @@ func (b *Bus) subjectOf(e *event.Event) string {
 // event is dropped and counted (and logged at most once per second, with the
 // running total, by another goroutine). It implements event.Sink.
 func (b *Bus) Emit(e *event.Event) {
-	if b.closed.Load() {
-		b.drop()
+	if !b.enter() {
 		return
 	}
+	defer b.entered.Add(-1)
 	data := e.AppendJSON(make([]byte, 0, encodeBufSize))
 	node := e.Node
 	if node == "" {
@@ -290,11 +292,26 @@ func (b *Bus) Emit(e *event.Event) {
 // Publish queues data for subject (an event that is not a handoff
 // transition); same non-blocking contract as Emit. The bus keeps data.
 func (b *Bus) Publish(subject string, data []byte) {
-	if b.closed.Load() {
-		b.drop()
+	if !b.enter() {
 		return
 	}
+	defer b.entered.Add(-1)
 	b.enqueue(item{subject: subject, data: data})
+}
+
+// enter admits one Emit or Publish: false (and the event counted as
+// dropped) once Close has begun. An admitted call must b.entered.Add(-1)
+// when its item is queued or dropped; Close waits for every admitted call
+// before it stops the publisher, so that no item lands in the queue after
+// the last drain (issue 9: such an item was neither published nor counted).
+func (b *Bus) enter() bool {
+	b.entered.Add(1)
+	if b.closed.Load() {
+		b.entered.Add(-1)
+		b.drop()
+		return false
+	}
+	return true
 }
 
 func (b *Bus) enqueue(it item) {
@@ -461,6 +478,12 @@ func (b *Bus) Stats() Stats {
 func (b *Bus) Close() error {
 	b.closeOnce.Do(func() {
 		b.closed.Store(true)
+		// An Emit admitted before the Store is encoding or enqueueing: it
+		// never blocks, so this wait is short. Its item is then drained
+		// below like any other.
+		for b.entered.Load() != 0 {
+			runtime.Gosched()
+		}
 		close(b.done)
 		b.wg.Wait()
 		deadline := time.Now().Add(closeDrainTimeout)

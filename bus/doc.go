@@ -29,6 +29,9 @@
 // Config.ReconnectBufSize bytes, beyond which events are dropped too. Every
 // drop is counted (Stats.Dropped) and logged at most once per second with
 // the running total. The event log, written before the bus, stays complete.
+// An event emitted while Close runs is either published (Close waits for
+// every Emit already past its closed check, then drains the queue) or
+// counted as dropped: after Close, Published + Dropped = events emitted.
 //
 // # JetStream
 //
