@@ -57,16 +57,23 @@ type Config struct {
 	CheckPeerCreds bool
 }
 
-// DefaultConfig fills the zero fields of c.
+// Default limits of the handoff's steps (daemon.Options uses these).
+const (
+	DefaultAcceptTimeout = 5 * time.Second  // decoder connects and sends the share message
+	DefaultShareTimeout  = 10 * time.Second // ?action=share answers
+	DefaultApplyTimeout  = 60 * time.Second // ?action=adopt / ?action=restore answer
+)
+
+// withDefaults fills the zero fields of c.
 func (c Config) withDefaults() Config {
 	if c.AcceptTimeout == 0 {
-		c.AcceptTimeout = 5 * time.Second
+		c.AcceptTimeout = DefaultAcceptTimeout
 	}
 	if c.ShareTimeout == 0 {
-		c.ShareTimeout = 10 * time.Second
+		c.ShareTimeout = DefaultShareTimeout
 	}
 	if c.ApplyTimeout == 0 {
-		c.ApplyTimeout = 60 * time.Second
+		c.ApplyTimeout = DefaultApplyTimeout
 	}
 	if c.MaxFDs == 0 {
 		c.MaxFDs = 64
@@ -80,7 +87,20 @@ type Handoff struct {
 	dec  Decoder
 	prov Provider
 	log  *slog.Logger
+
+	// drain is cancelled (cause ErrDraining) by Drain: every run in
+	// flight falls back at once and new runs fall back at their first step.
+	drain     context.Context
+	drainStop context.CancelCauseFunc
 }
+
+// ErrDraining is the cause of a handoff cut short by Drain.
+var ErrDraining = errors.New("onebitd is shutting down: the handoff was cut short so the request is answered before the drain limit")
+
+// Drain makes every handoff in flight, and every later one, fall back (the
+// provider's process group is killed first), so that a shutting-down
+// daemon still answers every request, forwarded as it came.
+func (h *Handoff) Drain() { h.drainStop(ErrDraining) }
 
 // NewHandoff returns a runner. prov must not be nil (no provider means the
 // plain route, which needs no runner).
@@ -88,7 +108,9 @@ func NewHandoff(cfg Config, dec Decoder, prov Provider, log *slog.Logger) *Hando
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Handoff{cfg: cfg.withDefaults(), dec: dec, prov: prov, log: log}
+	h := &Handoff{cfg: cfg.withDefaults(), dec: dec, prov: prov, log: log}
+	h.drain, h.drainStop = context.WithCancelCause(context.Background())
+	return h
 }
 
 // Route is the route this runner takes.
@@ -104,7 +126,11 @@ func (h *Handoff) Route() machine.Route {
 // success). Every file it made and every fd it received is gone when it
 // returns.
 func (h *Handoff) Run(ctx context.Context, m *machine.Machine, tokens []int) string {
-	w := &work{h: h, m: m, stem: m.ID()}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(h.drain, func() { cancel(context.Cause(h.drain)) })
+	defer stop()
+	w := &work{h: h, m: m, stem: m.ID(), ctx: ctx}
 	defer w.release() // belt and braces: cleanup already ran on every path
 	if h.cfg.Share {
 		return w.shared(ctx, tokens)
@@ -153,6 +179,7 @@ func CleanStale(dir string) (int, error) {
 
 // work is one run's resources.
 type work struct {
+	ctx   context.Context // the run's: cancelled by the client or by Drain
 	h     *Handoff
 	m     *machine.Machine
 	stem  string
@@ -204,6 +231,9 @@ func (w *work) fire(ev machine.Event, a machine.Attrs) {
 // fallback cleans up and leaves the handoff with one reason.
 func (w *work) fallback(step string, err error, exit *int, status int) string {
 	reason := err.Error()
+	if c := context.Cause(w.ctx); errors.Is(c, ErrDraining) {
+		reason = c.Error() // the step's own error only says it was cancelled
+	}
 	cl := w.release()
 	w.h.log.Warn("handoff fell back", "request_id", w.m.ID(), "slot", w.m.Slot(), "step", step, "reason", reason)
 	w.fire(machine.EvFallback, machine.Attrs{Reason: reason, Step: step, ProviderExit: exit, HTTPStatus: status, Cleanup: cl})

@@ -1,0 +1,162 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/onebitd/onebitd/fdpass"
+	"github.com/onebitd/onebitd/handlers"
+	"github.com/onebitd/onebitd/handoff"
+)
+
+// Defaults of Options: the one place they live. cmd/onebitd registers its
+// flags with these values and New fills a zero field with them.
+const (
+	DefaultListen          = "127.0.0.1:8080"
+	DefaultQueue           = 256
+	DefaultStateDir        = "./onebitd-state"
+	DefaultEventLogSync    = "batch"
+	DefaultProviderTimeout = 60 * time.Second
+	DefaultAcceptTimeout   = handoff.DefaultAcceptTimeout
+	DefaultShareTimeout    = handoff.DefaultShareTimeout
+	DefaultApplyTimeout    = handoff.DefaultApplyTimeout
+	DefaultDecoderWait     = 120 * time.Second
+	DefaultDrainTimeout    = 90 * time.Second
+	DefaultMaxBody         = handlers.DefaultMaxBody
+	DefaultReadHeader      = 10 * time.Second
+	DefaultIdle            = 120 * time.Second
+	// EventLogOff and NATSOff turn the event log and the embedded NATS
+	// server's listener off.
+	EventLogOff = "off"
+	NATSOff     = "off"
+)
+
+// DefaultNATSListen is where the embedded NATS server listens.
+const DefaultNATSListen = "127.0.0.1:4222" // TODO(lead): bus.DefaultListen
+
+// Options is everything `onebitd serve` is told (DESIGN §8). The zero value
+// of a field means its default.
+type Options struct {
+	Listen      string   // HTTP listen address
+	DecoderURL  string   // a running llama-server; or
+	DecoderBin  string   // a llama-server binary to launch and supervise
+	DecoderArgs []string // its arguments
+	Model       string   // model GGUF (provider and launched decoder)
+	Slots       int      // decoder slots; 0: the decoder's /props (1 when launched)
+	Queue       int      // requests waiting for a slot before 503
+	SlotDir     string   // default <StateDir>/slots
+
+	Provider        string   // prefill provider executable; "" = plain route
+	ProviderArgs    []string // extra provider arguments
+	KVShare         bool     // shared route instead of the file route
+	ProviderTimeout time.Duration
+	AcceptTimeout   time.Duration
+	ShareTimeout    time.Duration
+	ApplyTimeout    time.Duration
+	DecoderWait     time.Duration // waiting for an attached decoder at startup
+	DrainTimeout    time.Duration // SIGTERM drain limit
+
+	StateDir     string
+	EventLog     string // path, or EventLogOff; default <StateDir>/events.jsonl
+	EventLogSync string // always|batch|off
+
+	NATSURL    string // external NATS servers instead of the embedded one
+	NATSListen string // embedded server address, or NATSOff
+	JetStream  bool
+	Node       string // default: the host name
+
+	MaxBody int64
+}
+
+// withDefaults returns o with every zero field set to its default and the
+// derived paths made absolute.
+func (o Options) withDefaults() (Options, error) {
+	if o.Listen == "" {
+		o.Listen = DefaultListen
+	}
+	if o.Queue == 0 {
+		o.Queue = DefaultQueue
+	}
+	if o.StateDir == "" {
+		o.StateDir = DefaultStateDir
+	}
+	if o.EventLogSync == "" {
+		o.EventLogSync = DefaultEventLogSync
+	}
+	if o.ProviderTimeout == 0 {
+		o.ProviderTimeout = DefaultProviderTimeout
+	}
+	if o.AcceptTimeout == 0 {
+		o.AcceptTimeout = DefaultAcceptTimeout
+	}
+	if o.ShareTimeout == 0 {
+		o.ShareTimeout = DefaultShareTimeout
+	}
+	if o.ApplyTimeout == 0 {
+		o.ApplyTimeout = DefaultApplyTimeout
+	}
+	if o.DecoderWait == 0 {
+		o.DecoderWait = DefaultDecoderWait
+	}
+	if o.DrainTimeout == 0 {
+		o.DrainTimeout = DefaultDrainTimeout
+	}
+	if o.MaxBody == 0 {
+		o.MaxBody = DefaultMaxBody
+	}
+	if o.NATSListen == "" {
+		o.NATSListen = DefaultNATSListen
+	}
+	if o.Node == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "onebitd"
+		}
+		o.Node = host
+	}
+	if o.SlotDir == "" {
+		o.SlotDir = filepath.Join(o.StateDir, "slots")
+	}
+	if o.EventLog == "" {
+		o.EventLog = filepath.Join(o.StateDir, "events.jsonl")
+	}
+	abs, err := filepath.Abs(o.SlotDir)
+	if err != nil {
+		return o, err
+	}
+	o.SlotDir = abs
+	return o, o.check()
+}
+
+// Errors of Options.
+var (
+	ErrDecoderChoice = errors.New("daemon: give exactly one of --decoder-url and --decoder-bin")
+	ErrNoModel       = errors.New("daemon: --provider needs --model (the provider loads the same model)")
+	ErrSlotDirLong   = errors.New("daemon: --slot-dir is too long for a unix socket path")
+	ErrDrainTooShort = errors.New("daemon: the drain limit must exceed the handoff's limits")
+)
+
+func (o *Options) check() error {
+	if (o.DecoderURL == "") == (o.DecoderBin == "") {
+		return ErrDecoderChoice
+	}
+	if o.Provider != "" && o.Model == "" {
+		return ErrNoModel
+	}
+	if o.KVShare {
+		if n := len(o.SlotDir) + 1 + handoff.RequestIDLen + len(".sock"); n > fdpass.MaxPathLen() {
+			return fmt.Errorf("%w: %s needs %d bytes of %d usable; choose a shorter directory", ErrSlotDirLong, o.SlotDir, n, fdpass.MaxPathLen())
+		}
+	}
+	if o.DrainTimeout <= drainMargin {
+		return fmt.Errorf("%w: --drain-timeout %s (at least %s)", ErrDrainTooShort, o.DrainTimeout, 2*drainMargin)
+	}
+	return nil
+}
+
+// drainMargin is what the drain keeps for forwarding after it cut the
+// in-flight handoffs short (they fall back and are forwarded as they came).
+const drainMargin = 5 * time.Second
