@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -67,6 +68,25 @@ func helperMain(args []string) int {
 		time.Sleep(time.Hour)
 	case "sleep", "hang":
 		time.Sleep(time.Hour)
+	case "hang-report": // write own pid to rest[0], then hang
+		if err := writePID(rest[0], os.Getpid()); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		time.Sleep(time.Hour)
+	case "daemon":
+		// Acts as onebitd: runs a provider that reports its pid to rest[0]
+		// and hangs, holding a memfd named rest[1] (a KV region).
+		fd, err := unix.MemfdCreate(rest[1], unix.MFD_CLOEXEC)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		region := os.NewFile(uintptr(fd), rest[1])
+		r := &Runner{Path: os.Args[0], Args: []string{"-helper", "hang-report", rest[0]}}
+		_, err = r.RunShared(context.Background(), "t", "m", "l", []*os.File{region})
+		fmt.Fprintln(os.Stderr, "the provider returned:", err)
+		return 1
 	case "hang-grandchild", "exit-grandchild", "ok-grandchild":
 		gc := exec.Command(os.Args[0], "-helper", "sleep")
 		gc.Stderr = os.Stderr // the grandchild holds stderr open
@@ -74,11 +94,7 @@ func helperMain(args []string) int {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		if err := os.WriteFile(rest[0]+".tmp", []byte(strconv.Itoa(gc.Process.Pid)), 0o600); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		if err := os.Rename(rest[0]+".tmp", rest[0]); err != nil {
+		if err := writePID(rest[0], gc.Process.Pid); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -112,6 +128,14 @@ func helperMain(args []string) int {
 	}
 	fmt.Fprintf(os.Stderr, "helper: unknown mode %q\n", mode)
 	return 2
+}
+
+// writePID writes pid to path atomically (a reader never sees half of it).
+func writePID(path string, pid int) error {
+	if err := os.WriteFile(path+".tmp", []byte(strconv.Itoa(pid)), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(path+".tmp", path)
 }
 
 // openFDs lists the open fds from 3 to 255 without opening any, except the

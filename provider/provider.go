@@ -5,9 +5,15 @@
 // The provider's exit status decides success. On failure the returned error's
 // text is the fallback reason: what happened and the provider's last
 // non-empty stderr line, bounded (the runner keeps the last TailSize bytes of
-// stderr and cuts the line to MaxLineLen bytes). The provider runs in its own
-// process group; on timeout or cancellation, and after it exits, the whole
-// group is killed, so a provider cannot leave processes behind in its group.
+// stderr lines and cuts each line to MaxLineLen bytes; internal/tailbuf). The
+// provider runs in its own process group; on timeout or cancellation, and
+// after it exits, the whole group is killed, so a provider cannot leave
+// processes behind in its group. The group is signalled only while the
+// provider is not reaped yet (internal/pgroup), so a kill never reaches a
+// group whose id the kernel handed to another process. The provider dies
+// with the daemon: Pdeathsig SIGKILL, set from a goroutine that keeps its OS
+// thread until the provider is reaped (the kernel sends it when the forking
+// thread exits).
 // The provider's stdout is discarded; its stderr lines are logged at debug
 // level under the "provider_stderr" attribute.
 //
@@ -23,10 +29,14 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/onebitd/onebitd/internal/pgroup"
+	"github.com/onebitd/onebitd/internal/tailbuf"
 )
 
 // Sentinel errors; every error returned by Run* wraps exactly one of them
@@ -49,8 +59,9 @@ var (
 
 // Bounds on what is kept of the provider's stderr.
 const (
-	TailSize   = 4 << 10 // bytes of stderr kept (the end)
+	TailSize   = 4 << 10 // bytes of stderr lines kept (the end)
 	MaxLineLen = 512     // bytes of the reason line kept
+	tailLines  = 64      // stderr lines kept
 )
 
 // DefaultWaitDelay is how long Wait waits for the provider's stderr to close
@@ -145,26 +156,35 @@ func (r *Runner) run(ctx context.Context, contract []string, files []*os.File) (
 	}
 	defer cancel()
 
+	opts := tailbuf.Options{MaxBytes: TailSize, MaxLines: tailLines, MaxLine: MaxLineLen}
+	if log.Enabled(ctx, slog.LevelDebug) {
+		opts.OnLine = func(line string) {
+			log.LogAttrs(ctx, slog.LevelDebug, "provider stderr", slog.String(attrStderr, line))
+		}
+	}
+	stderr := tailbuf.New(opts)
+	if cerr := r.ctxError(ctx, runCtx); cerr != nil { // no process for a run already over
+		return r.fail(log, res, cerr, stderr)
+	}
+
 	args := append(append(make([]string, 0, len(r.Args)+len(contract)), r.Args...), contract...)
-	cmd := exec.CommandContext(runCtx, r.Path, args...)
+	cmd := exec.Command(r.Path, args...)
 	cmd.ExtraFiles = files
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return killGroup(cmd.Process.Pid) }
+	// Pdeathsig: the provider dies with this process (kill -9 included). The
+	// kernel sends it when the *thread* that forked exits, so this goroutine
+	// keeps its thread until the provider has been reaped.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = r.WaitDelay
 	if cmd.WaitDelay <= 0 {
 		cmd.WaitDelay = DefaultWaitDelay
 	}
-	stderr := newTail(TailSize, MaxLineLen, func(line string) {
-		log.LogAttrs(ctx, slog.LevelDebug, "provider stderr", slog.String(attrStderr, line))
-	}, log.Enabled(ctx, slog.LevelDebug))
 	cmd.Stderr = stderr // stdout: /dev/null
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		res.Duration = time.Since(start)
-		if cerr := r.ctxError(ctx, runCtx); cerr != nil {
-			return r.fail(log, res, cerr, stderr)
-		}
 		e := &Error{Kind: ErrProviderStart, Reason: "provider could not start: " + err.Error(), Err: err}
 		res.Reason = e.Reason
 		log.LogAttrs(ctx, slog.LevelDebug, "provider not started", slog.String(attrError, e.Reason))
@@ -172,13 +192,18 @@ func (r *Runner) run(ctx context.Context, contract []string, files []*os.File) (
 	}
 	pid := cmd.Process.Pid
 	log.LogAttrs(ctx, slog.LevelDebug, "provider started", slog.Int(attrPID, pid), slog.Int("fds", len(files)))
+	// The group is signalled only while the provider is unreaped (its pid is
+	// the group id and cannot be reused before): on timeout or cancellation,
+	// and once it has exited, to kill what it left in its group.
+	group := pgroup.New(pid, groupKill)
+	stop := context.AfterFunc(runCtx, func() { _ = group.Signal(syscall.SIGKILL) })
+	if gerr := group.Exited(); gerr != nil {
+		log.LogAttrs(ctx, slog.LevelWarn, "provider group not killed", slog.Int(attrPID, pid), slog.String(attrError, gerr.Error()))
+	}
+	stop()
 	werr := cmd.Wait()
 	res.Duration = time.Since(start)
-	// Leftovers of the group (grandchildren) do not outlive the run. The
-	// group id stays reserved while any member lives, so this cannot hit an
-	// unrelated process unless the group is already empty.
-	_ = killGroup(pid)
-	stderr.flush()
+	stderr.Flush()
 	if ps := cmd.ProcessState; ps != nil {
 		res.ExitCode = ps.ExitCode()
 	}
@@ -221,9 +246,9 @@ func (r *Runner) ctxError(parent, runCtx context.Context) *Error {
 
 // fail completes e's reason with the last stderr line (exit failures only:
 // the runner's own kills are the reason there), logs and returns.
-func (r *Runner) fail(log *slog.Logger, res Result, e *Error, stderr *tail) (Result, error) {
+func (r *Runner) fail(log *slog.Logger, res Result, e *Error, stderr *tailbuf.Buffer) (Result, error) {
 	if e.Kind == ErrProviderExit {
-		if line := stderr.lastLine(); line != "" {
+		if line := stderr.Last(); line != "" {
 			e.Reason += ": " + line
 		} else {
 			e.Reason += " (no stderr output)"
@@ -239,15 +264,6 @@ func (r *Runner) fail(log *slog.Logger, res Result, e *Error, stderr *tail) (Res
 // groupKill sends sig to the process group pgid (a variable so that a test
 // can check when the runner signals a group).
 var groupKill = func(pgid int, sig syscall.Signal) error { return syscall.Kill(-pgid, sig) }
-
-// killGroup sends SIGKILL to the process group led by pid.
-func killGroup(pid int) error {
-	err := groupKill(pid, syscall.SIGKILL)
-	if errors.Is(err, syscall.ESRCH) {
-		return os.ErrProcessDone
-	}
-	return err
-}
 
 func signalName(s syscall.Signal) string {
 	switch s {
