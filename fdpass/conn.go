@@ -177,27 +177,49 @@ func (r *reader) recv(p []byte) (int, error) {
 }
 
 // collectRights appends the fds of every SCM_RIGHTS message in oob to *fds
-// and returns how many it appended.
+// and returns how many it appended. Error or not, every fd it could read is
+// appended: the kernel installed them, so they are the caller's to close.
 func collectRights(oob []byte, fds *[]int) (int, error) {
-	if len(oob) == 0 {
-		return 0, nil
-	}
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return 0, fmt.Errorf("fdpass: parse control message: %w", os.NewSyscallError("recvmsg", err))
-	}
 	before := len(*fds)
-	for i := range msgs {
-		if msgs[i].Header.Level != unix.SOL_SOCKET || msgs[i].Header.Type != unix.SCM_RIGHTS {
-			continue
-		}
-		rights, err := unix.ParseUnixRights(&msgs[i])
+	var err error
+	*fds, err = rightsOf(oob, *fds)
+	return len(*fds) - before, err
+}
+
+// rightsOf appends to fds every whole fd of every SCM_RIGHTS message in
+// oob. It walks the messages itself rather than through
+// unix.ParseSocketControlMessage, which drops every message when one header
+// is malformed, and unix.ParseUnixRights, which panics on a payload that is
+// not a whole number of fds: on a malformed buffer it keeps what it read
+// (messages before the bad header, the whole fds of a ragged payload) and
+// returns ErrControl.
+func rightsOf(oob []byte, fds []int) ([]int, error) {
+	var bad error
+	for b := oob; len(b) >= unix.CmsgLen(0); {
+		hdr, data, rest, err := unix.ParseOneSocketControlMessage(b)
 		if err != nil {
-			return len(*fds) - before, fmt.Errorf("fdpass: parse SCM_RIGHTS: %w", err)
+			return fds, fmt.Errorf("%w: a header at byte %d claims %d bytes, %d remain", ErrControl, len(oob)-len(b), cmsgLen(b), len(b))
 		}
-		*fds = append(*fds, rights...)
+		if hdr.Level == unix.SOL_SOCKET && hdr.Type == unix.SCM_RIGHTS {
+			for i := 0; i+4 <= len(data); i += 4 {
+				fds = append(fds, int(int32(binary.NativeEndian.Uint32(data[i:]))))
+			}
+			if len(data)%4 != 0 && bad == nil {
+				bad = fmt.Errorf("%w: an SCM_RIGHTS payload of %d bytes is not a whole number of fds", ErrControl, len(data))
+			}
+		}
+		b = rest
 	}
-	return len(*fds) - before, nil
+	return fds, bad
+}
+
+// cmsgLen reads the length field of the control message header at b[0:]
+// (len(b) >= unix.CmsgLen(0)), for error texts.
+func cmsgLen(b []byte) uint64 {
+	if unix.SizeofCmsghdr == 16 {
+		return binary.NativeEndian.Uint64(b)
+	}
+	return uint64(binary.NativeEndian.Uint32(b))
 }
 
 func closeFDs(fds []int) {

@@ -11,7 +11,8 @@
 // sockaddr_un: at most MaxPathLen (107) bytes; onebitd checks its slot
 // directory at startup. Abstract names are refused. A socket file left by a
 // crashed run is replaced when a connect on it is refused; a live socket or a
-// file of another type is an error. Close unlinks the file it created.
+// file of another type is an error. Close unlinks the file it created
+// (Listener.Removed reports whether it did).
 //
 // One connection carries one message. The receiver checks the peer with
 // SO_PEERCRED (Conn.PeerCred).
@@ -85,7 +86,8 @@
 // ErrHeaderTooLarge, ErrBadHeader (length 0, not JSON, wrong shape, unknown
 // field, bad layout_hash, negative size field), ErrVersion, ErrRegion,
 // ErrCtrunc, ErrTrunc (MSG_TRUNC, not expected on a stream socket),
-// ErrStrayFDs. recvmsg is retried on EINTR and waits for data in the Go
+// ErrStrayFDs, ErrControl (control data that cannot be parsed whole; the
+// fds that could be read from it are closed all the same). recvmsg is retried on EINTR and waits for data in the Go
 // runtime poller, not in a blocked thread.
 //
 // # Who closes what

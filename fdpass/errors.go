@@ -36,6 +36,9 @@ var (
 	ErrShortMessage = errors.New("fdpass: the decoder closed the share socket before sending the whole message")
 	// ErrHeaderTooLarge: the length prefix exceeds MaxHeaderLen.
 	ErrHeaderTooLarge = errors.New("fdpass: the decoder announced a share header larger than this process accepts")
+	// ErrControl: the control data of a segment could not be parsed whole
+	// (the fds that could be read from it are closed all the same).
+	ErrControl = errors.New("fdpass: the share message's control data (the region fds) could not be parsed")
 	// ErrStrayFDs: fds arrived with a later segment than the first one.
 	ErrStrayFDs = errors.New("fdpass: the decoder sent region fds after the start of the share message")
 

@@ -13,7 +13,7 @@ import (
 // sentinels in the order classify tries them.
 var sentinels = []error{
 	ErrAcceptTimeout, ErrReceiveTimeout, ErrCtrunc, ErrTrunc, ErrShortMessage,
-	ErrHeaderTooLarge, ErrBadHeader, ErrVersion, ErrRegion, ErrStrayFDs,
+	ErrHeaderTooLarge, ErrBadHeader, ErrVersion, ErrRegion, ErrStrayFDs, ErrControl,
 }
 
 // classify returns the sentinel err wraps, or err itself.

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -31,6 +32,7 @@ type Listener struct {
 
 	once     sync.Once
 	closeErr error
+	removed  atomic.Bool // Close unlinked the socket file
 }
 
 // Listen creates dir (MkdirAll, mode 0700; an existing directory keeps its
@@ -184,18 +186,23 @@ func (l *Listener) Accept(deadline time.Time) (*Conn, error) {
 func (l *Listener) Close() error {
 	l.once.Do(func() {
 		l.closeErr = l.ul.Close()
-		if l.fi == nil {
-			// Listen failed after bind; the file is ours.
-			if err := os.Remove(l.path); err != nil && !errors.Is(err, fs.ErrNotExist) && l.closeErr == nil {
-				l.closeErr = fmt.Errorf("fdpass: remove socket: %w", err)
+		if l.fi != nil {
+			if fi, err := os.Lstat(l.path); err != nil || !os.SameFile(fi, l.fi) {
+				return // gone, or another's now: not ours to remove
 			}
-			return
-		}
-		if fi, err := os.Lstat(l.path); err == nil && os.SameFile(fi, l.fi) {
-			if err := os.Remove(l.path); err != nil && !errors.Is(err, fs.ErrNotExist) && l.closeErr == nil {
-				l.closeErr = fmt.Errorf("fdpass: remove socket: %w", err)
-			}
+		} // else Listen failed after bind; the file is ours.
+		err := os.Remove(l.path)
+		switch {
+		case err == nil:
+			l.removed.Store(true)
+		case !errors.Is(err, fs.ErrNotExist) && l.closeErr == nil:
+			l.closeErr = fmt.Errorf("fdpass: remove socket: %w", err)
 		}
 	})
 	return l.closeErr
 }
+
+// Removed reports whether Close removed the socket file: false before
+// Close, and when the file was already gone or had been replaced (then it
+// was not this listener's to remove). A count of removed files uses it.
+func (l *Listener) Removed() bool { return l.removed.Load() }

@@ -424,3 +424,55 @@ func TestCloseUnblocksAccept(t *testing.T) {
 		t.Fatalf("socket file after Close: %v", err)
 	}
 }
+
+// TestListenCloseRemoved: Removed tells whether Close unlinked the socket
+// file, so that a caller's count of removed files is true (issue 9: the
+// handoff counted the socket even when it was gone or replaced).
+func TestListenCloseRemoved(t *testing.T) {
+	cases := []struct {
+		name   string
+		before func(t *testing.T, l *Listener)
+		want   bool
+	}{
+		{"ours", func(*testing.T, *Listener) {}, true},
+		{"already gone", func(t *testing.T, l *Listener) {
+			if err := os.Remove(l.Path()); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
+		{"replaced by a file", func(t *testing.T, l *Listener) {
+			if err := os.Remove(l.Path()); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(l.Path(), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := Listen(t.TempDir(), "s")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l.Removed() {
+				t.Fatal("Removed before Close")
+			}
+			tc.before(t, l)
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if l.Removed() != tc.want {
+				t.Fatalf("Removed = %v, want %v", l.Removed(), tc.want)
+			}
+			_, err = os.Lstat(l.Path())
+			if gone := err != nil; gone != (tc.want || tc.name == "already gone") {
+				t.Fatalf("socket path after Close: %v", err)
+			}
+			l.Close() // idempotent: the answer does not change
+			if l.Removed() != tc.want {
+				t.Fatal("a second Close changed Removed")
+			}
+		})
+	}
+}
