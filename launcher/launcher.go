@@ -18,7 +18,9 @@
 //
 // Its stdout and stderr go line by line through slog (message "decoder
 // output", attribute "decoder_output"); the last TailLines stderr lines are
-// kept for error messages.
+// kept for error messages (internal/tailbuf). The process group is signalled
+// only while the decoder is not reaped (internal/pgroup): once it exited,
+// its leftovers are killed, then it is reaped, and no signal follows.
 package launcher
 
 import (
@@ -330,13 +332,13 @@ func (d *Decoder) waitReady(ctx context.Context, p *process) error {
 	}
 	select {
 	case <-p.exited:
-		return fmt.Errorf("%w: %s %s; its last stderr lines:\n%s", ErrExited, d.cfg.Bin, p.exitReason(), p.tail.String())
+		return fmt.Errorf("%w: %s %s; its last stderr lines:\n%s", ErrExited, d.cfg.Bin, p.exitReason(), p.stderrTail())
 	default:
 	}
 	if ctx.Err() != nil {
 		return fmt.Errorf("launcher: waiting for the decoder: %w", ctx.Err())
 	}
-	return fmt.Errorf("%w: no /health 200 within %s (last: %v); its last stderr lines:\n%s", ErrStalled, d.cfg.StallTimeout, last, p.tail.String())
+	return fmt.Errorf("%w: no /health 200 within %s (last: %v); its last stderr lines:\n%s", ErrStalled, d.cfg.StallTimeout, last, p.stderrTail())
 }
 
 // supervise watches p, restarts the decoder when it exits, and stops it when
@@ -356,9 +358,8 @@ func (d *Decoder) supervise(ctx context.Context, p *process) {
 			return
 		case <-p.exited:
 		}
-		p.killGroup() // leftovers of the group, if any
 		reason := p.exitReason()
-		d.log.Warn("decoder exited", attrPID, p.pid, attrError, reason, "stderr_tail", p.tail.String())
+		d.log.Warn("decoder exited", attrPID, p.pid, attrError, reason, "stderr_tail", p.stderrTail())
 		d.setState(nil, &NotReadyError{Reason: "the decoder is restarting after it exited: " + reason})
 		d.emit(EventExited, reason)
 		if !p.readyAt.IsZero() && time.Since(p.readyAt) > stableRun {

@@ -1,63 +1,71 @@
 package launcher
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os/exec"
 	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/onebitd/onebitd/internal/pgroup"
+	"github.com/onebitd/onebitd/internal/tailbuf"
 )
 
 // process is one run of the decoder binary.
 type process struct {
 	pid     int
+	group   *pgroup.Group // signals the process group while the decoder is unreaped
 	exited  chan struct{} // closed once Wait returned (waitErr is set)
 	waitErr error
-	tail    *tail
-	readyAt time.Time // set by the supervisor once /health answered 200
+	tail    *tailbuf.Buffer // the last stderr lines
+	readyAt time.Time       // set by the supervisor once /health answered 200
 }
 
 // spawn starts bin with args in its own process group, with Pdeathsig
 // SIGKILL. The goroutine that forks stays locked to its OS thread until the
 // child has been reaped: Pdeathsig fires when the forking *thread* exits, and
 // the Go runtime may otherwise retire that thread while the child lives.
+// Once the child has exited, what is left of its group is killed before the
+// child is reaped (internal/pgroup): no signal reaches the group after that.
 func spawn(bin string, args []string, log *slog.Logger) (*process, error) {
-	p := &process{exited: make(chan struct{}), tail: newTail(TailLines)}
+	var pid atomic.Int64 // read by exec's copy goroutines, set after Start
+	output := func(stream string) tailbuf.Options {
+		return tailbuf.Options{MaxLines: TailLines, MaxBytes: TailLines * maxTailLine, MaxLine: maxTailLine,
+			OnLine: func(line string) {
+				log.Info("decoder output", attrStream, stream, attrPID, pid.Load(), attrOutput, line)
+			}}
+	}
+	p := &process{exited: make(chan struct{}), tail: tailbuf.New(output("stderr"))}
+	stdout := tailbuf.New(output("stdout"))
 	started := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
 		cmd := exec.Command(bin, args...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-		var pid atomic.Int64 // read by exec's copy goroutines, set after Start
-		stdout := &lineWriter{emit: func(line string) {
-			log.Info("decoder output", attrStream, "stdout", attrPID, pid.Load(), attrOutput, line)
-		}}
-		stderr := &lineWriter{emit: func(line string) {
-			p.tail.add(line)
-			log.Info("decoder output", attrStream, "stderr", attrPID, pid.Load(), attrOutput, line)
-		}}
-		cmd.Stdout, cmd.Stderr = stdout, stderr
+		cmd.Stdout, cmd.Stderr = stdout, p.tail
 		cmd.WaitDelay = waitDelay
 		if err := cmd.Start(); err != nil {
 			started <- fmt.Errorf("launcher: start %s: %w", bin, err)
 			return
 		}
 		p.pid = cmd.Process.Pid
+		p.group = pgroup.New(p.pid, groupKill)
 		pid.Store(int64(p.pid))
 		log.Info("decoder started", attrPID, p.pid, attrBin, bin, attrArgs, strings.Join(args, " "))
 		started <- nil
+		if err := p.group.Exited(); err != nil {
+			log.Warn("decoder process group not killed", attrPID, p.pid, attrError, err)
+		}
 		err := cmd.Wait()
-		stdout.flush()
-		stderr.flush()
+		stdout.Flush()
+		p.tail.Flush()
 		p.waitErr = err
 		close(p.exited)
 	}()
@@ -80,9 +88,10 @@ func (p *process) exitReason() string {
 	return p.waitErr.Error()
 }
 
-// signalGroup sends sig to the process group; a group already gone is fine.
+// signalGroup sends sig to the process group; a group already gone, or a
+// decoder already exited (its leftovers were killed then), is fine.
 func (p *process) signalGroup(sig syscall.Signal) error {
-	if err := groupKill(p.pid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
+	if err := p.group.Signal(sig); err != nil && !errors.Is(err, pgroup.ErrReaped) {
 		return fmt.Errorf("launcher: kill -%d -%d: %w", sig, p.pid, err)
 	}
 	return nil
@@ -92,15 +101,11 @@ func (p *process) signalGroup(sig syscall.Signal) error {
 // can check when the launcher signals a group).
 var groupKill = func(pgid int, sig syscall.Signal) error { return unix.Kill(-pgid, sig) }
 
-// killGroup kills whatever is left in the process group.
-func (p *process) killGroup() { _ = p.signalGroup(unix.SIGKILL) }
-
 // terminate sends SIGTERM to the group, SIGKILL after grace, and returns
 // once the process has been reaped.
 func (p *process) terminate(grace time.Duration, log *slog.Logger) {
 	select {
 	case <-p.exited:
-		p.killGroup()
 		return
 	default:
 	}
@@ -111,105 +116,25 @@ func (p *process) terminate(grace time.Duration, log *slog.Logger) {
 	defer t.Stop()
 	select {
 	case <-p.exited:
-		p.killGroup()
 		log.Info("decoder stopped", attrPID, p.pid, "status", p.exitReason())
 		return
 	case <-t.C:
 	}
 	log.Warn("decoder ignored SIGTERM; killing its process group", attrPID, p.pid, "grace", grace)
-	p.killGroup()
+	if err := p.signalGroup(unix.SIGKILL); err != nil {
+		log.Warn("decoder stop", attrPID, p.pid, attrError, err)
+	}
 	<-p.exited
 }
 
-// maxLine bounds one logged output line; longer lines are split.
-const maxLine = 16 << 10
-
-// lineWriter splits what a process writes into lines and hands each to emit
-// (without the newline; a trailing \r is dropped too).
-type lineWriter struct {
-	mu   sync.Mutex
-	buf  []byte
-	emit func(string)
+// stderrTail is the decoder's last stderr lines, one per line, or "(no
+// output)".
+func (p *process) stderrTail() string {
+	if s := p.tail.String(); s != "" {
+		return s
+	}
+	return "(no output)"
 }
 
-func (w *lineWriter) Write(b []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	n := len(b)
-	for len(b) > 0 {
-		i := bytes.IndexByte(b, '\n')
-		if i < 0 {
-			w.buf = append(w.buf, b...)
-			for len(w.buf) >= maxLine {
-				w.emit(string(w.buf[:maxLine]))
-				w.buf = append(w.buf[:0], w.buf[maxLine:]...)
-			}
-			break
-		}
-		w.buf = append(w.buf, b[:i]...)
-		b = b[i+1:]
-		w.emitBuf()
-	}
-	return n, nil
-}
-
-func (w *lineWriter) emitBuf() {
-	line := w.buf
-	for len(line) > maxLine {
-		w.emit(string(line[:maxLine]))
-		line = line[maxLine:]
-	}
-	w.emit(strings.TrimSuffix(string(line), "\r"))
-	w.buf = w.buf[:0]
-}
-
-// flush emits a last line without a newline.
-func (w *lineWriter) flush() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if len(w.buf) > 0 {
-		w.emitBuf()
-	}
-}
-
-// maxTailLine bounds one kept stderr line.
-const maxTailLine = 512
-
-// tail keeps the last n lines.
-type tail struct {
-	mu    sync.Mutex
-	lines []string
-	next  int
-	full  bool
-}
-
-func newTail(n int) *tail { return &tail{lines: make([]string, n)} }
-
-func (t *tail) add(line string) {
-	if len(line) > maxTailLine {
-		line = line[:maxTailLine] + "…"
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.lines[t.next] = line
-	t.next = (t.next + 1) % len(t.lines)
-	if t.next == 0 {
-		t.full = true
-	}
-}
-
-// String is the kept lines, oldest first, one per line; "(no output)" when
-// there is none.
-func (t *tail) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	var ls []string
-	if t.full {
-		ls = append(ls, t.lines[t.next:]...)
-	}
-	ls = append(ls, t.lines[:t.next]...)
-	if len(ls) == 0 {
-		return "(no output)"
-	}
-	return strings.Join(ls, "\n")
-}
+// maxTailLine bounds one kept (and logged) output line.
+const maxTailLine = 2 << 10
