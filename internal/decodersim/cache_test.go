@@ -1,6 +1,7 @@
 package decodersim
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -124,8 +125,17 @@ func TestTextDependsOnKVMemory(t *testing.T) {
 	}
 }
 
+// TestSaveEraseRestore runs with full cells (the default: every buffer's
+// cells are saved and restored) and with --compact (layer 0's records).
 func TestSaveEraseRestore(t *testing.T) {
+	for _, compact := range []bool{false, true} {
+		t.Run(fmt.Sprintf("compact=%t", compact), func(t *testing.T) { testSaveEraseRestore(t, compact) })
+	}
+}
+
+func testSaveEraseRestore(t *testing.T, compact bool) {
 	cfg := testConfig(t)
+	cfg.Compact = compact
 	s := startSim(t, cfg)
 	n := len(simkv.Tokenize(promptText, true))
 	a := s.complete(map[string]any{"prompt": promptText, "n_predict": 8})
@@ -138,6 +148,16 @@ func TestSaveEraseRestore(t *testing.T) {
 	if err != nil || save["n_written"] != float64(fi.Size()) {
 		t.Fatalf("save wrote %v bytes, the file has %v (%v)", save["n_written"], fi, err)
 	}
+	// A full state is what llama-server writes: every cell's bytes of
+	// every layer, K and V (plus header, tokens and sum).
+	wantSize := int64(24 + 4*a.TokensCached + 2*simkv.RecordSize*a.TokensCached + 8)
+	if !compact {
+		wantSize = int64(32 + 4*a.TokensCached + cfg.CellSize*a.TokensCached + 8)
+	}
+	if fi.Size() != wantSize {
+		t.Errorf("state file of %d cells has %d bytes, want %d", a.TokensCached, fi.Size(), wantSize)
+	}
+	before := slotBytes(s.srv, 0, a.TokensCached)
 	if _, ok := save["timings"].(map[string]any)["save_ms"]; !ok {
 		t.Errorf("save: no timings.save_ms: %v", save)
 	}
@@ -148,12 +168,16 @@ func TestSaveEraseRestore(t *testing.T) {
 		t.Fatalf("after erase prompt_n %d, want %d", c.Timings.PromptN, n)
 	}
 	s.post("/slots/0?action=erase", nil)
-	// Clobber the cells: the restore must bring the records back.
-	clear(s.srv.kv.k0)
-	clear(s.srv.kv.v0)
+	// Clobber the cells: the restore must bring them back.
+	for _, c := range s.srv.kv.chunks {
+		clear(c.mem)
+	}
 	rest := s.post("/slots/0?action=restore", map[string]string{"filename": "a.bin"}).json(t)
 	if rest["n_restored"] != float64(a.TokensCached) || rest["n_read"] != save["n_written"] || rest["filename"] != "a.bin" {
 		t.Fatalf("restore: %v", rest)
+	}
+	if after := slotBytes(s.srv, 0, a.TokensCached); !compact && !bytes.Equal(after, before) {
+		t.Errorf("a full restore did not bring back every buffer's cells")
 	}
 	b := s.complete(map[string]any{"prompt": promptText, "n_predict": 8})
 	if b.Content != a.Content || b.Timings.PromptN != 1 || b.Timings.CacheN != n-1 {
@@ -329,6 +353,15 @@ func mixed(text string, ids []int) []any {
 	out := []any{text}
 	for _, id := range ids {
 		out = append(out, id)
+	}
+	return out
+}
+
+// slotBytes copies slot id's first n cells of every buffer.
+func slotBytes(srv *Server, id, n int) []byte {
+	var out []byte
+	for b := range srv.kv.bufs {
+		out = append(out, srv.kv.bufSlot(b, id, n)...)
 	}
 	return out
 }

@@ -17,27 +17,29 @@ import (
 // Config is the simulator's configuration; the field comments name the
 // llama-server flag (or the sim's own flag) that sets each one.
 type Config struct {
-	Host         string        // --host (a path ending in .sock: a unix socket)
-	Port         int           // --port (0: pick a free port)
-	NCtx         int           // -c, --ctx-size (total cells; 0: the model's 4096)
-	NParallel    int           // -np, --parallel (slots)
-	SlotSavePath string        // --slot-save-path (empty: slot actions answer 501)
-	ModelPath    string        // -m, --model (required, readable file)
-	FlashAttn    string        // -fa, --flash-attn: on, off or auto (auto counts as on)
-	NBatch       int           // -b, --batch-size
-	NUbatch      int           // -ub, --ubatch-size (clamped to NBatch, as llama.cpp does)
-	CacheTypeK   string        // -ctk, --cache-type-k
-	CacheTypeV   string        // -ctv, --cache-type-v
-	NoSlots      bool          // --no-slots: GET /slots answers 501
-	Recurrent    bool          // --recurrent: share answers 501 "no shareable region"
-	ChunkSize    int64         // --chunk-size: most bytes per memfd chunk
-	CellSize     int           // --cell-size: KV bytes per cell over all layers, K and V
-	NLayer       int           // --n-layer
-	LoadingDelay time.Duration // --loading-delay: answer 503 "Loading model" this long
-	TokenDelay   time.Duration // --token-delay: sleep per generated token
-	LaxShareID   bool          // --lax-share-id: TEST SWITCH, adopt ignores share_id validity
-	ShareNoSend  bool          // --share-no-connect: TEST SWITCH, share answers 200 but never connects
-	APIKeys      []string      // --api-key (comma-separated) and --api-key-file (one a line)
+	Host             string        // --host (a path ending in .sock: a unix socket)
+	Port             int           // --port (0: pick a free port)
+	NCtx             int           // -c, --ctx-size (total cells; 0: the model's 4096)
+	NParallel        int           // -np, --parallel (slots)
+	SlotSavePath     string        // --slot-save-path (empty: slot actions answer 501)
+	ModelPath        string        // -m, --model (required, readable file)
+	FlashAttn        string        // -fa, --flash-attn: on, off or auto (auto counts as on)
+	NBatch           int           // -b, --batch-size
+	NUbatch          int           // -ub, --ubatch-size (clamped to NBatch, as llama.cpp does)
+	CacheTypeK       string        // -ctk, --cache-type-k
+	CacheTypeV       string        // -ctv, --cache-type-v
+	NoSlots          bool          // --no-slots: GET /slots answers 501
+	Recurrent        bool          // --recurrent: share answers 501 "no shareable region"
+	ChunkSize        int64         // --chunk-size: most bytes per memfd chunk
+	CellSize         int           // --cell-size: KV bytes per cell over all layers, K and V
+	NLayer           int           // --n-layer
+	LoadingDelay     time.Duration // --loading-delay: answer 503 "Loading model" this long
+	TokenDelay       time.Duration // --token-delay: sleep per generated token
+	LaxShareID       bool          // --lax-share-id: TEST SWITCH, adopt ignores share_id validity
+	ShareNoSend      bool          // --share-no-connect: TEST SWITCH, share answers 200 but never connects
+	APIKeys          []string      // --api-key (comma-separated) and --api-key-file (one a line)
+	Compact          bool          // --compact: cells, state files hold layer 0's records only (small, fast tests)
+	PromptMsPerToken float64       // --prompt-ms-per-token: simulated prompt evaluation time per token
 }
 
 // Defaults that are not llama-server's.
@@ -111,6 +113,8 @@ func ParseArgs(args []string, out io.Writer) (Config, error) {
 	fs.DurationVar(&c.TokenDelay, "token-delay", 0, "sleep this long per generated token")
 	fs.BoolVar(&c.LaxShareID, "lax-share-id", false, "TEST SWITCH: adopt ignores share_id validity")
 	fs.BoolVar(&c.ShareNoSend, "share-no-connect", false, "TEST SWITCH: share answers with a share_id but never connects to the socket")
+	fs.BoolVar(&c.Compact, "compact", false, "write, save and restore layer 0's records only, not full cells (fast tests; not llama-server's costs)")
+	fs.Float64Var(&c.PromptMsPerToken, "prompt-ms-per-token", 0, "spend at least this long per evaluated prompt token (reported in timings.prompt_ms)")
 	fs.Func("api-key", "API keys, comma-separated: every endpoint but /health and the model list needs one", func(s string) error {
 		c.APIKeys = append(c.APIKeys, splitKeys(s)...)
 		return nil
@@ -192,7 +196,7 @@ func (c *Config) Validate() error {
 		return bad("--n-layer %d is outside [1, %d]", c.NLayer, maxNLayer)
 	case c.ChunkSize < pageSize:
 		return bad("--chunk-size %d is smaller than a page (%d)", c.ChunkSize, pageSize)
-	case c.LoadingDelay < 0 || c.TokenDelay < 0:
+	case c.LoadingDelay < 0 || c.TokenDelay < 0 || c.PromptMsPerToken < 0 || c.PromptMsPerToken > 1e6:
 		return bad("delays must not be negative")
 	}
 	if c.CellSize <= 0 || c.CellSize%(2*c.NLayer) != 0 {

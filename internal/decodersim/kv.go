@@ -33,8 +33,9 @@ type buffer struct {
 }
 
 // kvMem is the simulated KV cache: 2*nLayer buffers packed greedily into
-// memfd chunks of at most chunkSize bytes. Only layer 0's buffers are ever
-// written; the rest stay sparse (never faulted in).
+// memfd chunks of at most chunkSize bytes. A cell is written in every
+// buffer (simkv.Fill) when evaluated, saved or restored; with --compact only
+// layer 0's records are, and the rest stays sparse (never faulted in).
 type kvMem struct {
 	nCtx      int   // cells per buffer (-c)
 	slotCells int   // cells per slot (see Config.slotCells)
@@ -126,6 +127,14 @@ func newKV(nCtx, slotCells, nLayer int, stride, chunkSize int64) (kv *kvMem, err
 func (kv *kvMem) bufMem(b int, size int64) []byte {
 	bf := kv.bufs[b]
 	return kv.chunks[bf.ci].mem[bf.off : bf.off+size : bf.off+size]
+}
+
+// bufSlot is slot s's cells 0..n-1 in buffer b (n*stride bytes).
+func (kv *kvMem) bufSlot(b, s, n int) []byte {
+	bf := kv.bufs[b]
+	off := bf.off + int64(s*kv.slotCells)*kv.stride
+	end := off + int64(n)*kv.stride
+	return kv.chunks[bf.ci].mem[off:end:end]
 }
 
 // cellK and cellV are the record bytes of cell i of slot s.

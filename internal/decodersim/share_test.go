@@ -290,10 +290,12 @@ func residentPages(t testing.TB, b []byte) int {
 }
 
 // TestShareWritesNothing: -c 20480 maps 2240 MiB in 3 chunks; sharing it
-// populates none of it, and evaluating tokens touches only layer 0.
+// populates none of it, and evaluating tokens with --compact touches only
+// layer 0.
 func TestShareWritesNothing(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.NCtx = 20480
+	cfg.Compact = true
 	s := startSim(t, cfg)
 	kv := s.srv.kv
 	if len(kv.chunks) != 3 || kv.totalBytes() != 2240<<20 {

@@ -180,15 +180,23 @@ func commonPrefix(a, b []int) int {
 }
 
 // evalCell evaluates token at position pos of slot s: it reads cell pos-1's
-// digest from KV memory and writes cell pos's K and V records.
+// digest from KV memory and writes cell pos in every buffer (with --compact,
+// layer 0's K and V records only).
 func (srv *Server) evalCell(s *slot, pos, token int) {
 	var prev uint64
 	if pos > 0 {
 		prev = simkv.GetK(srv.kv.cellK(s.id, pos-1)).Digest
 	}
 	r := simkv.Cell(srv.modelHash, prev, token, pos)
-	simkv.PutK(srv.kv.cellK(s.id, pos), r)
-	simkv.PutV(srv.kv.cellV(s.id, pos), r)
+	if srv.cfg.Compact {
+		simkv.PutK(srv.kv.cellK(s.id, pos), r)
+		simkv.PutV(srv.kv.cellV(s.id, pos), r)
+		return
+	}
+	st := int(srv.kv.stride)
+	for b, bf := range srv.kv.bufs { // every layer's K and V, as a real decoder computes them
+		simkv.Fill(srv.kv.bufSlot(b, s.id, pos+1)[pos*st:], r, bf.layer, bf.kind)
+	}
 }
 
 // nextToken is the greedy next token of slot s given its n live cells, read

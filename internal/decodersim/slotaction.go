@@ -110,8 +110,10 @@ type saveReply struct {
 	} `json:"timings"`
 }
 
-// slotSave writes the slot's tokens and cell records, read from KV memory,
-// to a temp file in the slot save path and renames it into place.
+// slotSave writes the slot's tokens and cells, read from KV memory, to a
+// temp file in the slot save path and renames it into place: every buffer's
+// cells (a full state, n_cells x cell size bytes, as llama-server writes),
+// or layer 0's records with --compact.
 func (s *Server) slotSave(r *http.Request, id int) (any, *apiError) {
 	name, e := filenameBody(r)
 	if e != nil {
@@ -123,16 +125,25 @@ func (s *Server) slotSave(r *http.Request, id int) (any, *apiError) {
 	}
 	defer s.sched.release(sl)
 	t0 := time.Now()
-	st := simkv.State{Tokens: sl.tokens, K: make([][]byte, len(sl.tokens)), V: make([][]byte, len(sl.tokens))}
-	for i := range sl.tokens {
-		st.K[i], st.V[i] = s.kv.cellK(id, i), s.kv.cellV(id, i)
+	write := func(w io.Writer) error {
+		n := len(sl.tokens)
+		_, err := simkv.WriteFullState(w, s.modelHash, sl.tokens, s.cfg.NLayer, int(s.kv.stride),
+			func(b int) []byte { return s.kv.bufSlot(b, id, n) })
+		return err
 	}
-	n, err := writeFileAtomic(s.cfg.SlotSavePath+name, func(w io.Writer) error { return simkv.WriteState(w, s.modelHash, st) })
+	if s.cfg.Compact {
+		st := simkv.State{Tokens: sl.tokens, K: make([][]byte, len(sl.tokens)), V: make([][]byte, len(sl.tokens))}
+		for i := range sl.tokens {
+			st.K[i], st.V[i] = s.kv.cellK(id, i), s.kv.cellV(id, i)
+		}
+		write = func(w io.Writer) error { return simkv.WriteState(w, s.modelHash, st) }
+	}
+	n, err := writeFileAtomic(s.cfg.SlotSavePath+name, write)
 	if err != nil {
 		s.log.Warn("slot save failed", attrSlot, id, attrPath, name, attrError, err)
 		return nil, apiErr(errServer, "Unable to save slot: %v", err)
 	}
-	rep := saveReply{IDSlot: id, Filename: name, NSaved: len(st.Tokens), NWritten: n}
+	rep := saveReply{IDSlot: id, Filename: name, NSaved: len(sl.tokens), NWritten: n}
 	rep.Timings.SaveMs = msSince(t0)
 	s.log.Info("slot saved", attrSlot, id, attrPath, name, "n_saved", rep.NSaved)
 	return rep, nil
@@ -199,45 +210,67 @@ func (s *Server) slotRestore(r *http.Request, id int) (any, *apiError) {
 	}
 	defer s.sched.release(sl)
 	t0 := time.Now()
-	st, n, err := readStateFile(s.cfg.SlotSavePath+name, s.modelHash)
-	if err == nil && len(st.Tokens) > s.kv.slotCells {
-		err = fmt.Errorf("the state holds %d tokens, more than the slot's %d cells", len(st.Tokens), s.kv.slotCells)
-	}
-	if err == nil {
-		err = checkTokens(st.Tokens).asError()
-	}
 	sl.touchKV()
 	sl.truncate(0)
+	toks, n, err := s.restoreFile(id, s.cfg.SlotSavePath+name)
 	if err != nil {
 		s.log.Warn("slot restore failed", attrSlot, id, attrPath, name, attrError, err)
 		return nil, apiErr(errInvalidRequest, "Unable to restore slot: %v", err)
 	}
-	for i := range st.Tokens {
-		copy(s.kv.cellK(id, i), st.K[i])
-		copy(s.kv.cellV(id, i), st.V[i])
-	}
-	sl.setTokens(st.Tokens)
-	rep := restoreReply{IDSlot: id, Filename: name, NRestored: len(st.Tokens), NRead: n}
+	sl.setTokens(toks)
+	rep := restoreReply{IDSlot: id, Filename: name, NRestored: len(toks), NRead: n}
 	rep.Timings.RestoreMs = msSince(t0)
 	s.log.Info("slot restored", attrSlot, id, attrPath, name, "n_restored", rep.NRestored)
 	return rep, nil
 }
 
-func readStateFile(path string, model uint64) (simkv.State, int64, error) {
+// restoreFile reads the state file at path into slot id's cells and returns
+// its tokens and the bytes read. A full state (version 2) must have this
+// decoder's geometry; it is read whole and checked, then copied into every
+// buffer. A compact one (version 1) fills layer 0's records. On error the
+// caller keeps the slot empty.
+func (s *Server) restoreFile(id int, path string) ([]int, int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return simkv.State{}, 0, err
+		return nil, 0, err
 	}
 	defer f.Close()
-	return simkv.ReadState(f, model)
-}
-
-// asError lets an *apiError travel as an error (nil stays nil).
-func (e *apiError) asError() error {
-	if e == nil {
-		return nil
+	sr, err := simkv.NewStateReader(f, s.modelHash)
+	if err != nil {
+		return nil, 0, err
 	}
-	return e
+	n := len(sr.Tokens)
+	switch {
+	case n > s.kv.slotCells:
+		return nil, 0, fmt.Errorf("the state holds %d tokens, more than the slot's %d cells", n, s.kv.slotCells)
+	case sr.Version == 2 && (sr.NLayer != s.cfg.NLayer || int64(sr.Stride) != s.kv.stride):
+		return nil, 0, fmt.Errorf("the state has %d layers of %d bytes per cell, this decoder %d of %d", sr.NLayer, sr.Stride, s.cfg.NLayer, s.kv.stride)
+	}
+	if e := checkTokens(sr.Tokens); e != nil {
+		return nil, 0, e
+	}
+	if sr.Version == 2 {
+		// As llama.cpp's llama_state_seq_load_file: the whole file into
+		// memory first, checked, then copied into the cells.
+		per := n * int(s.kv.stride)
+		data := make([]byte, 2*s.cfg.NLayer*per)
+		if err := sr.Buffers(func(b int) []byte { return data[b*per : (b+1)*per] }); err != nil {
+			return nil, 0, err
+		}
+		for b := range s.kv.bufs {
+			copy(s.kv.bufSlot(b, id, n), data[b*per:(b+1)*per])
+		}
+		return sr.Tokens, sr.BytesRead(), nil
+	}
+	k, v, err := sr.Records()
+	if err != nil {
+		return nil, 0, err
+	}
+	for i := range n {
+		copy(s.kv.cellK(id, i), k[i])
+		copy(s.kv.cellV(id, i), v[i])
+	}
+	return sr.Tokens, sr.BytesRead(), nil
 }
 
 // slotErase forgets the slot's cached tokens.

@@ -2,7 +2,6 @@ package simkv
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -74,52 +73,16 @@ func WriteState(w io.Writer, model uint64, st State) error {
 	return nil
 }
 
-// ReadState reads a state file and checks magic, version, model and checksum.
-// nRead is the number of bytes consumed.
+// ReadState reads a version 1 state file and checks magic, version, model
+// and checksum. nRead is the number of bytes consumed.
 func ReadState(r io.Reader, model uint64) (st State, nRead int64, err error) {
-	h := fnv.New64a()
-	br := bufio.NewReaderSize(r, 1<<16)
-	tr := io.TeeReader(br, h)
-	var hdr [24]byte
-	if _, err := io.ReadFull(tr, hdr[:]); err != nil {
-		return st, 0, fmt.Errorf("%w: %v", ErrStateChecksum, err)
+	sr, err := NewStateReader(r, model)
+	if err != nil {
+		return st, 0, err
 	}
-	if [8]byte(hdr[:8]) != stateMagic {
-		return st, 0, ErrStateMagic
+	k, v, err := sr.Records()
+	if err != nil {
+		return st, 0, err
 	}
-	if v := binary.LittleEndian.Uint32(hdr[8:]); v != stateVersion {
-		return st, 0, fmt.Errorf("%w: %d", ErrStateVersion, v)
-	}
-	n := int(binary.LittleEndian.Uint32(hdr[12:]))
-	if n > MaxStateCells {
-		return st, 0, fmt.Errorf("%w: %d cells", ErrStateSize, n)
-	}
-	if binary.LittleEndian.Uint64(hdr[16:]) != StateHash(model) {
-		return st, 0, ErrStateModel
-	}
-	// Grow with the bytes that actually arrive: a header claiming many
-	// cells does not make a short file allocate for them.
-	size := int64(n*4 + n*2*RecordSize)
-	var bodyBuf bytes.Buffer
-	if got, err := io.CopyN(&bodyBuf, tr, size); err != nil {
-		return st, 0, fmt.Errorf("%w: %d of %d bytes: %v", ErrStateChecksum, got, size, err)
-	}
-	body := bodyBuf.Bytes()
-	want := h.Sum64()
-	var sum [8]byte
-	if _, err := io.ReadFull(br, sum[:]); err != nil || binary.LittleEndian.Uint64(sum[:]) != want {
-		return st, 0, ErrStateChecksum
-	}
-	st.Tokens = make([]int, n)
-	for i := range n {
-		st.Tokens[i] = int(int32(binary.LittleEndian.Uint32(body[i*4:])))
-	}
-	cells := body[n*4:]
-	st.K = make([][]byte, n)
-	st.V = make([][]byte, n)
-	for i := range n {
-		st.K[i] = cells[i*2*RecordSize : i*2*RecordSize+RecordSize]
-		st.V[i] = cells[i*2*RecordSize+RecordSize : (i+1)*2*RecordSize]
-	}
-	return st, int64(len(hdr) + len(body) + 8), nil
+	return State{Tokens: sr.Tokens, K: k, V: v}, sr.BytesRead(), nil
 }
