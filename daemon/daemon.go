@@ -60,6 +60,7 @@ type Daemon struct {
 	bus      *bus.Bus
 	elog     *eventlog.Writer
 	launched *launcher.Decoder
+	prefill  *launcher.Decoder // the prefill server (--prefill-bin)
 	dec      *decoder.Client
 	pool     *slots.Pool
 	handoff  *handoff.Handoff
@@ -266,7 +267,7 @@ func (d *Daemon) openDecoder(ctx context.Context) error {
 		return fmt.Errorf("%w: --slots %d but the decoder has %d (llama-server wraps slot ids: refusing)", ErrTooManySlots, slotsWanted, props.TotalSlots)
 	}
 	d.pool = slots.New(slotsWanted, o.Queue)
-	return nil
+	return d.startPrefill(ctx, slotsWanted)
 }
 
 func (d *Daemon) buildFront() error {

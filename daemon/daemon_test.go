@@ -25,9 +25,10 @@ import (
 	"github.com/onebitd/onebitd/internal/obtest"
 )
 
-// providerBin is onebit-provider-sim, built once for the whole package: the
-// provider is a real process even when the rest of the daemon is in-process.
-var providerBin string
+// The binaries a test runs as real processes, built once for the package:
+// the provider is a real process even when the rest of the daemon is
+// in-process, and --decoder-bin/--prefill-bin launch the simulator.
+var providerBin, simBin, prefillBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "onebit-daemon-test")
@@ -36,10 +37,12 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	providerBin = filepath.Join(dir, "onebit-provider-sim")
-	cmd := exec.Command("go", "build", "-o", providerBin, "../cmd/onebit-provider-sim")
+	simBin = filepath.Join(dir, "onebit-decoder-sim")
+	prefillBin = filepath.Join(dir, "onebit-prefill")
+	cmd := exec.Command("go", "build", "-o", dir, "../cmd/onebit-provider-sim", "../cmd/onebit-decoder-sim", "../cmd/onebit-prefill")
 	cmd.Stderr = os.Stderr
 	if err := cmd.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build provider sim:", err)
+		fmt.Fprintln(os.Stderr, "build test binaries:", err)
 		os.Exit(1)
 	}
 	code := m.Run()

@@ -69,6 +69,12 @@ type Options struct {
 	Node       string // default: the host name
 
 	MaxBody int64
+
+	// PrefillBin launches a second llama-server as the prefill server
+	// (issue 15): onebit-prefill is the provider, on the file route.
+	PrefillBin      string
+	PrefillArgs     []string // its args; default the decoder's
+	PrefillProvider string   // onebit-prefill's path; default beside onebitd, else PATH
 }
 
 // withDefaults returns o with every zero field set to its default and the
@@ -142,6 +148,9 @@ var (
 func (o *Options) check() error {
 	if (o.DecoderURL == "") == (o.DecoderBin == "") {
 		return ErrDecoderChoice
+	}
+	if err := o.checkPrefill(); err != nil {
+		return err
 	}
 	if o.Provider != "" && o.Model == "" {
 		return ErrNoModel

@@ -48,6 +48,9 @@ func serveFlags(fs *flag.FlagSet, o *daemon.Options, logFormat, logLevel *string
 	fs.BoolVar(&o.JetStream, "jetstream", false, "persist events in JetStream stream ONEBIT")
 	fs.StringVar(&o.Node, "node", host, "node name in events and NATS subjects")
 	fs.Int64Var(&o.MaxBody, "max-body", daemon.DefaultMaxBody, "largest completion request body in bytes (413 above)")
+	fs.StringVar(&o.PrefillBin, "prefill-bin", "", "launch this llama-server as the prefill server too (file route through onebit-prefill; same args as the decoder unless --prefill-arg)")
+	fs.Var((*stringList)(&o.PrefillArgs), "prefill-arg", "argument for the prefill server (repeatable; default: the decoder's args)")
+	fs.StringVar(&o.PrefillProvider, "prefill-provider", "", "onebit-prefill binary (default: beside onebitd, else in PATH)")
 	fs.StringVar(logFormat, "log-format", "text", "log format: text|json")
 	fs.StringVar(logLevel, "log-level", "info", "log level: debug|info|warn|error")
 }
