@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make run: onebitd on the shared route with embedded NATS.
-#   LLAMA_SERVER=/path/to/llama-server MODEL=/path/model.gguf make run   # a real decoder (file route)
+#   LLAMA_SERVER=/path/to/llama-server MODEL=/path/model.gguf make run   # real llama-servers: decoder + prefill server, file route
 #   make run                                                             # the bundled decoder simulator
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,9 +9,14 @@ LISTEN=${LISTEN:-127.0.0.1:8080}
 mkdir -p "$STATE/slots"
 if [ -n "${LLAMA_SERVER:-}" ]; then
   : "${MODEL:?set MODEL to the GGUF that llama-server should load}"
-  echo "onebitd: launching llama-server $LLAMA_SERVER with $MODEL (file route through bin/onebit-provider-sim is for the simulator only: plain route)" >&2
+  PREFILL_SERVER=${PREFILL_SERVER:-$LLAMA_SERVER}
+  echo "onebitd: launching two llama-servers with $MODEL: the decoder ($LLAMA_SERVER) and the prefill server ($PREFILL_SERVER)" >&2
+  echo "onebitd: file route: the prefill server evaluates each prompt and saves the slot (bin/onebit-prefill), the decoder restores it and evaluates only the last token" >&2
+  echo "  curl -s http://$LISTEN/completion -d '{\"prompt\": \"Hello\", \"n_predict\": 16}' -D - | grep -i x-onebit-route   # file" >&2
+  # shellcheck disable=SC2086
   exec bin/onebitd serve --listen "$LISTEN" --state-dir "$STATE" --model "$MODEL" \
-    --decoder-bin "$LLAMA_SERVER" -- -c "${CTX:-8192}"
+    --decoder-bin "$LLAMA_SERVER" --prefill-bin "$PREFILL_SERVER" --prefill-provider bin/onebit-prefill \
+    -- -c "${CTX:-8192}" ${LLAMA_ARGS:-}
 fi
 MODEL=examples/sim-model.gguf
 echo "onebitd: no LLAMA_SERVER given: using the bundled decoder simulator (bin/onebit-decoder-sim, a deterministic stand-in, not a language model)" >&2
