@@ -4,7 +4,7 @@
 // length, the proxy overhead and the event pipeline in one run, prints the
 // markdown report and writes it (with the plot beside it) to -out.
 //
-//	onebit-bench [-out docs/BENCHMARKS.md] [-bin bin] [-gobench bench.out]
+//	onebit-bench [-out docs/BENCHMARKS.md] [-bin bin] [-gobench bench.out] [-gobench-base old.out]
 //	             [-scale 1] [-sections handoff,proxy,pipeline] [-cpuprofile FILE]
 //	             [-slot-base /dev/shm] [-timeout 15m]
 package main
@@ -37,6 +37,7 @@ func run(args []string) int {
 	out := fs.String("out", "", "write the markdown report here (and the plot beside it); empty: stdout only")
 	bin := fs.String("bin", "bin", "directory of the built binaries (make build)")
 	gobench := fs.String("gobench", "bench.out", "`go test -bench` output to include (missing file: skipped)")
+	gobenchBase := fs.String("gobench-base", "", "an earlier `go test -bench` output: compare -gobench against it (before → after, with confidence intervals and a significance test)")
 	scale := fs.Float64("scale", 1, "multiply every request count (0.1 for a quick look; counts never drop below 3)")
 	sections := fs.String("sections", "handoff,proxy,pipeline", "sections to run, comma-separated")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the handoff section (in-process onebitd included) here")
@@ -64,7 +65,7 @@ func run(args []string) int {
 		return 1
 	}
 	defer os.RemoveAll(work)
-	cfg := benchharness.Config{BinDir: *bin, WorkDir: work, Scale: *scale, CPUProfile: *cpuprofile, SlotBase: *slotBase, Logger: log}
+	cfg := benchharness.Config{BinDir: *bin, WorkDir: work, Scale: *scale, CPUProfile: *cpuprofile, SlotBase: *slotBase, GoBenchBase: *gobenchBase, Logger: log}
 	if *sections != "" {
 		cfg.Sections = strings.Split(*sections, ",")
 	}

@@ -79,6 +79,12 @@ type HandoffRow struct {
 	Provider Summary
 	// Fallbacks counts requests that did not take the route (not sampled).
 	Fallbacks int
+	// Per-round values (round index → value) behind the paired ratios:
+	// RawRounds per phase and HandoffRounds from the onebitd process,
+	// HandlingRounds from the in-process onebitd.
+	RawRounds      map[string]Rounds
+	HandoffRounds  Rounds
+	HandlingRounds Rounds
 }
 
 // HandoffResult is section a.
@@ -86,6 +92,9 @@ type HandoffResult struct {
 	Rows   []HandoffRow
 	Rounds int
 	SlotFS string // file system of the slot directories, from /proc/mounts
+	// Warm is the warm provider's figures (DESIGN §2c), or why they are
+	// missing.
+	Warm *WarmResult
 }
 
 // Row finds the row of route at tokens.
@@ -195,6 +204,7 @@ func newHandoffStack(ctx context.Context, c *Config, route machine.Route, model 
 // handoffSample is one request's measurements.
 type handoffSample struct {
 	id     string
+	round  int
 	client time.Duration
 	calls  []call
 }
@@ -233,7 +243,7 @@ func runHandoff(ctx context.Context, c *Config, log *slog.Logger) (*HandoffResul
 	}
 	samples := map[key][]handoffSample{}
 	fallbacks := map[key]int{}
-	one := func(s *handoffStack, n int, inproc bool, keep bool) error {
+	one := func(s *handoffStack, n int, inproc bool, round int) error {
 		url := s.procURL
 		if inproc {
 			url = s.inURL
@@ -250,8 +260,8 @@ func runHandoff(ctx context.Context, c *Config, log *slog.Logger) (*HandoffResul
 			log.Warn("handoff did not take the route", "route", s.route, "tokens", n, "got", r.route, "prompt_n", r.promptN)
 			return nil
 		}
-		if keep {
-			samples[k] = append(samples[k], handoffSample{id: r.id, client: r.dur, calls: calls})
+		if round >= 0 {
+			samples[k] = append(samples[k], handoffSample{id: r.id, round: round, client: r.dur, calls: calls})
 		}
 		return nil
 	}
@@ -277,7 +287,7 @@ func runHandoff(ctx context.Context, c *Config, log *slog.Logger) (*HandoffResul
 					if err := ctx.Err(); err != nil {
 						return nil, err
 					}
-					if err := one(s, n, inproc, round >= 0); err != nil {
+					if err := one(s, n, inproc, round); err != nil {
 						return nil, err
 					}
 				}
@@ -285,7 +295,7 @@ func runHandoff(ctx context.Context, c *Config, log *slog.Logger) (*HandoffResul
 		}
 	}
 
-	res := &HandoffResult{Rounds: rounds, SlotFS: fsOf(stacks[0].slotDir)}
+	res := &HandoffResult{Rounds: rounds, SlotFS: fsOf(stacks[0].slotDir), Warm: warmStatus(ctx, c)}
 	for _, s := range stacks {
 		// onebitd flushes its event log when it stops.
 		s.proc.Stop()
@@ -346,7 +356,7 @@ func handlingPart(route string, own map[string]time.Duration) time.Duration {
 
 func handoffRow(s *handoffStack, n int, proc, inproc []handoffSample, logged map[string][]event.Event) (HandoffRow, error) {
 	row := HandoffRow{Route: s.route, Tokens: n, Raw: map[string]Summary{}, InRaw: map[string]Summary{}, Own: map[string]Summary{},
-		RTT: map[string]Summary{}, Reported: map[string]Summary{}}
+		RTT: map[string]Summary{}, Reported: map[string]Summary{}, RawRounds: map[string]Rounds{}, HandoffRounds: Rounds{}, HandlingRounds: Rounds{}}
 	raw := map[string][]time.Duration{}
 	var handoff, client []time.Duration
 	for _, sm := range proc {
@@ -356,8 +366,13 @@ func handoffRow(s *handoffStack, n int, proc, inproc []handoffSample, logged map
 		}
 		for p, d := range ph {
 			raw[p] = append(raw[p], d)
+			if row.RawRounds[p] == nil {
+				row.RawRounds[p] = Rounds{}
+			}
+			row.RawRounds[p][sm.round] = d
 		}
 		handoff = append(handoff, handoffPart(s.route, ph))
+		row.HandoffRounds[sm.round] = handoffPart(s.route, ph)
 		client = append(client, sm.client)
 	}
 	inRaw, own, rtt, rep := map[string][]time.Duration{}, map[string][]time.Duration{}, map[string][]time.Duration{}, map[string][]time.Duration{}
@@ -380,6 +395,7 @@ func handoffRow(s *handoffStack, n int, proc, inproc []handoffSample, logged map
 			tot += d
 		}
 		handling = append(handling, handlingPart(s.route, o))
+		row.HandlingRounds[sm.round] = handlingPart(s.route, o)
 		total = append(total, tot)
 		for _, op := range []string{opTokenize, opShare, opAdopt, opRestore} {
 			if d, r := sum(sm.calls, op); d > 0 {

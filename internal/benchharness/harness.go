@@ -2,6 +2,7 @@ package benchharness
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -15,6 +16,12 @@ type Results struct {
 	Proxy    *ProxyResult    // nil when not run
 	Pipeline *PipelineResult // nil when not run
 	GoBench  []GoBench       // parsed from Config.GoBench
+	// GoBenchNote is why some lines of Config.GoBench were skipped ("").
+	GoBenchNote string
+	// GoBenchBase and GoBenchDelta: Config.GoBenchBase, and each benchmark
+	// in it and in Config.GoBench compared (before → after).
+	GoBenchBase  string
+	GoBenchDelta []GoBenchDelta
 }
 
 // Run runs the sections c asks for. Every child process is stopped before it
@@ -31,8 +38,21 @@ func Run(ctx context.Context, c Config) (*Results, error) {
 	res := &Results{Machine: DescribeMachine()}
 	var err error
 	if c.GoBench != "" {
-		if res.GoBench, err = ParseGoBenchFile(c.GoBench); err != nil {
+		res.GoBench, err = ParseGoBenchFile(c.GoBench)
+		switch {
+		case errors.Is(err, ErrGoBenchSyntax):
+			// benchstat's way: report the bad lines, keep the rest.
+			log.Warn("go benchmark output has malformed lines", "file", c.GoBench, "error", err)
+			res.GoBenchNote = err.Error()
+		case err != nil:
 			return nil, err
+		}
+		if c.GoBenchBase != "" {
+			base, err := ParseGoBenchFile(c.GoBenchBase)
+			if err != nil && !errors.Is(err, ErrGoBenchSyntax) {
+				return nil, err
+			}
+			res.GoBenchBase, res.GoBenchDelta = c.GoBenchBase, CompareGoBench(base, res.GoBench)
 		}
 	}
 	if c.section("handoff") {

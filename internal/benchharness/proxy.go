@@ -46,7 +46,10 @@ type ProxyResult struct {
 	Added, AddedBare, AddedOwn Summary
 	TTFBAdded, TTFBAddedBare   Summary
 	TTFBAddedOwn               Summary
-	Throughput                 []ThroughputRow
+	// AddedCmp and OwnCmp test the whole-request samples side by side
+	// (onebitd vs direct, onebitd vs bare proxy; benchmath's U test).
+	AddedCmp, OwnCmp Comparison
+	Throughput       []ThroughputRow
 }
 
 // ThroughputRow is one concurrency level per target: requests per second,
@@ -195,6 +198,8 @@ func runProxy(ctx context.Context, c *Config, log *slog.Logger) (*ProxyResult, e
 	res.TTFBAdded = diffs(ttfb[TargetOnebitd], ttfb[TargetDirect])
 	res.TTFBAddedBare = diffs(ttfb[TargetBare], ttfb[TargetDirect])
 	res.TTFBAddedOwn = diffs(ttfb[TargetOnebitd], ttfb[TargetBare])
+	res.AddedCmp = CompareDurations(lat[TargetOnebitd], lat[TargetDirect])
+	res.OwnCmp = CompareDurations(lat[TargetOnebitd], lat[TargetBare])
 
 	window := time.Duration(float64(2*time.Second) * min(c.Scale, 1))
 	window = max(window, 300*time.Millisecond)

@@ -9,75 +9,16 @@ import (
 	"github.com/onebitd/onebitd/machine"
 )
 
-// Targets of issue 6 (onebitd's own share of the time).
-const (
-	TargetHandling      = 150 * time.Microsecond // shared route share + adopt handling, median
-	TargetHandlingRatio = 1.2                    // 12 722 : 251
-	TargetProxyAdded    = 100 * time.Microsecond // plain proxy, concurrency 1, median
-	TargetThroughput64  = 0.90                   // via / direct at concurrency 64
-	TargetTransition    = 5 * time.Microsecond   // event log + NATS on
-	TargetReplay        = 1e6                    // events/s
-	TargetRSS           = 40 << 20               // bytes after RSSRequests requests
-)
-
 // PlotFile is the plot's name beside the report.
 const PlotFile = "handoff-vs-tokens.svg"
 
-// Target is one line of the targets table.
-type Target struct {
-	What, Measured, Goal string
-	Met                  bool
-}
-
-// Targets evaluates every target whose section ran.
-func (r *Results) Targets() []Target {
-	var ts []Target
-	if h := r.Handoff; h != nil {
-		var ms []string
-		met := true
-		for _, n := range HandoffSizes {
-			if row := h.Row(string(machine.RouteShared), n); row != nil {
-				ms = append(ms, fmtDur(row.Handling.Median))
-				met = met && row.Handling.Median <= TargetHandling
-			}
-		}
-		ts = append(ts, Target{"shared route: share + adopt handling, onebitd's own, median at 251 / 3 189 / 12 722 tokens",
-			strings.Join(ms, " / "), "≤ " + fmtDur(TargetHandling), met})
-		if q := h.ratio(string(machine.RouteShared), func(r *HandoffRow) time.Duration { return r.Handling.Median }); q > 0 {
-			ts = append(ts, Target{"shared route: handling 12 722 : 251 tokens", fmt.Sprintf("%.2f", q), fmt.Sprintf("≤ %.1f", TargetHandlingRatio), q <= TargetHandlingRatio})
-		}
-	}
-	if p := r.Proxy; p != nil {
-		ts = append(ts, Target{"plain proxy: added latency at concurrency 1, median of pairs", fmtDur(p.Added.Median), "≤ " + fmtDur(TargetProxyAdded), p.Added.Median <= TargetProxyAdded})
-		for _, t := range p.Throughput {
-			if t.Concurrency == 64 {
-				q := Ratio(t.RPS[TargetOnebitd], t.RPS[TargetDirect])
-				ts = append(ts, Target{"plain proxy: throughput through onebitd / direct at concurrency 64", fmt.Sprintf("%.0f %%", 100*q), fmt.Sprintf("≥ %.0f %%", 100*TargetThroughput64), q >= TargetThroughput64})
-			}
-		}
-	}
-	if p := r.Pipeline; p != nil {
-		for _, t := range p.Transition {
-			if t.Config == SinkLogNATS {
-				ts = append(ts, Target{"per transition, event log + NATS on, median", fmtDur(t.PerStep.Median), "≤ " + fmtDur(TargetTransition), t.PerStep.Median <= TargetTransition})
-			}
-		}
-		ts = append(ts, Target{"replay of a 1 M-event log (`onebitd replay`, audit included)", fmtRate(p.ReplayCmdRate), "≥ 1 M events/s", p.ReplayCmdRate >= TargetReplay})
-		if n := len(p.RSSSamples); n > 0 {
-			last := p.RSSSamples[n-1]
-			ts = append(ts, Target{fmt.Sprintf("onebitd RSS after %d requests", last.Requests), fmtMB(last.RSS), fmt.Sprintf("≤ %d MB", TargetRSS>>20), last.RSS <= TargetRSS})
-		}
-	}
-	return ts
-}
-
-// ratio is f(row at 12 722) / f(row at 251) for route.
-func (h *HandoffResult) ratio(route string, f func(*HandoffRow) time.Duration) float64 {
+// ratio is the per-round ratio f(row at 12 722) / f(row at 251) for route.
+func (h *HandoffResult) ratio(route string, f func(*HandoffRow) Rounds) Stat {
 	lo, hi := h.Row(route, HandoffSizes[0]), h.Row(route, HandoffSizes[len(HandoffSizes)-1])
 	if lo == nil || hi == nil {
-		return 0
+		return Stat{}
 	}
-	return durRatio(f(hi), f(lo))
+	return PairedRatio(f(hi), f(lo))
 }
 
 func fmtDur(d time.Duration) string {
@@ -113,11 +54,24 @@ func fmtRate(r float64) string { return fmt.Sprintf("%.2f M events/s", r/1e6) }
 
 func fmtMB(b int64) string { return fmt.Sprintf("%.1f MB", float64(b)/(1<<20)) }
 
-func mark(met bool) string {
-	if met {
-		return "met"
+// dash is s, or "–" for none.
+func dash(s string) string {
+	if s == "" {
+		return "–"
 	}
-	return "**not met**"
+	return s
+}
+
+// fmtDiff is a per-round difference: "median [lo – hi] (p99 x)".
+func fmtDiff(s Summary) string {
+	if s.N == 0 {
+		return "–"
+	}
+	ci := ""
+	if s.HasCI {
+		ci = " [" + fmtCI(s) + "]"
+	}
+	return fmt.Sprintf("%s%s (p99 %s)", fmtDur(s.Median), ci, fmtDur(s.P99))
 }
 
 // Markdown writes the report: the machine, the targets, then each section.
@@ -129,12 +83,12 @@ func (r *Results) Markdown(w io.Writer) error {
 	fmt.Fprintf(&b, "| machine | |\n|---|---|\n")
 	fmt.Fprintf(&b, "| CPU | %s |\n| cores | %d |\n| memory | %.1f GiB |\n| Go | %s |\n| kernel | %s |\n| date | %s |\n| load average at start | %s |\n| harness run time | %s |\n\n",
 		m.CPU, m.Cores, float64(m.MemBytes)/(1<<30), m.Go, m.Kernel, m.Date.Format("2006-01-02 15:04 UTC"), m.Load, r.Took.Round(time.Second))
-	b.WriteString("Every number below comes from this one run: the two sides of each comparison were measured interleaved (one request of each in turn), so a busy machine slows both alike. Medians, with p99 in brackets.\n\n")
+	b.WriteString("Every number below comes from this one run: the two sides of each comparison were measured interleaved (one request of each in turn), so a busy machine slows both alike. Medians, with p99 in brackets. Statistics by golang.org/x/perf/benchmath: each median's 95 % confidence interval assumes nothing about the distribution (order statistics, as benchstat); two samples compared side by side are tested with its Mann-Whitney U test (p < 0.05: the difference is not noise). A ratio is the median of per-round ratios, a difference the median of per-round differences.\n\n")
 
 	if ts := r.Targets(); len(ts) > 0 {
-		b.WriteString("## Targets\n\n| target | measured | goal | |\n|---|---|---|---|\n")
+		b.WriteString("## Targets\n\n| target | measured | 95 % CI | side by side | goal | |\n|---|---|---|---|---|---|\n")
 		for _, t := range ts {
-			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", t.What, t.Measured, t.Goal, mark(t.Met))
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", t.What, t.Measured, dash(t.CI), dash(t.Test), dash(t.Goal), t.Verdict())
 		}
 		b.WriteString("\n")
 	}
@@ -192,11 +146,12 @@ func (r *Results) handoffMarkdown(b *strings.Builder) {
 			fmtMed(row.Own[PhaseForward]), fmtSum(row.Handling), fmtMed(row.OwnTotal))
 	}
 	b.WriteString("\n² shared: listen + share + adopt (the target \"share + adopt handling\"); file: restore.\n\n")
-	b.WriteString("| route | decoder-facing handoff, raw, 12 722 : 251 | own handling, 12 722 : 251 |\n|---|---:|---:|\n")
+	b.WriteString("Growth with prompt length: the median of per-round ratios (each round measured both lengths), with its 95 % confidence interval.\n\n")
+	b.WriteString("| route | decoder-facing handoff, raw, 12 722 : 251 | 95 % CI | own handling, 12 722 : 251 | 95 % CI |\n|---|---:|---:|---:|---:|\n")
 	for _, route := range []string{string(machine.RouteFile), string(machine.RouteShared)} {
-		fmt.Fprintf(b, "| %s | %.2f | %.2f |\n", route,
-			h.ratio(route, func(r *HandoffRow) time.Duration { return r.Handoff.Median }),
-			h.ratio(route, func(r *HandoffRow) time.Duration { return r.Handling.Median }))
+		raw := h.ratio(route, func(r *HandoffRow) Rounds { return r.HandoffRounds })
+		own := h.ratio(route, func(r *HandoffRow) Rounds { return r.HandlingRounds })
+		fmt.Fprintf(b, "| %s | %.2f | %s | %.2f | %s |\n", route, raw.Center, fmtStatCI(raw, "%.2f"), own.Center, fmtStatCI(own, "%.2f"))
 	}
 	b.WriteString("\n")
 }
@@ -204,13 +159,13 @@ func (r *Results) handoffMarkdown(b *strings.Builder) {
 func (r *Results) proxyMarkdown(b *strings.Builder) {
 	p := r.Proxy
 	fmt.Fprintf(b, "## b. Proxy overhead (plain route)\n\n")
-	fmt.Fprintf(b, "`onebit-decoder-sim -c 4096 -np %d`; onebitd without a provider (event log and embedded NATS on, as `onebitd serve` runs by default); a **bare proxy** (onebitd's forward path alone: same transport, same copy and flush, no body rewrite, machine or events; a separate process) shows what any Go HTTP hop costs here. `/completion` with a %d-token prompt and `n_predict` %d. Concurrency 1: %d rounds of one request per target, order rotating, after 20 rounds of warm-up; \"added\" is the median of the per-round differences.\n\n",
+	fmt.Fprintf(b, "`onebit-decoder-sim -c 4096 -np %d`; onebitd without a provider (event log and embedded NATS on, as `onebitd serve` runs by default); a **bare proxy** (onebitd's forward path alone: same transport, same copy and flush, no body rewrite, machine or events; a separate process) shows what any Go HTTP hop costs here. `/completion` with a %d-token prompt and `n_predict` %d. Concurrency 1: %d rounds of one request per target, order rotating, after 20 rounds of warm-up; \"added\" is the median of the per-round differences, [its 95 %% confidence interval].\n\n",
 		proxySlots, ProxyPromptTokens, ProxyNPredict, p.Added.N)
 	b.WriteString("| concurrency 1 | direct | bare proxy | onebitd | bare − direct | onebitd − direct | onebitd − bare (onebitd's own) |\n|---|---:|---:|---:|---:|---:|---:|\n")
 	fmt.Fprintf(b, "| whole request | %s | %s | %s | %s | %s | %s |\n", fmtSum(p.Latency[TargetDirect]), fmtSum(p.Latency[TargetBare]), fmtSum(p.Latency[TargetOnebitd]),
-		fmtSum(p.AddedBare), fmtSum(p.Added), fmtSum(p.AddedOwn))
+		fmtDiff(p.AddedBare), fmtDiff(p.Added), fmtDiff(p.AddedOwn))
 	fmt.Fprintf(b, "| first streamed byte (`stream: true`) | %s | %s | %s | %s | %s | %s |\n\n", fmtSum(p.TTFB[TargetDirect]), fmtSum(p.TTFB[TargetBare]), fmtSum(p.TTFB[TargetOnebitd]),
-		fmtSum(p.TTFBAddedBare), fmtSum(p.TTFBAdded), fmtSum(p.TTFBAddedOwn))
+		fmtDiff(p.TTFBAddedBare), fmtDiff(p.TTFBAdded), fmtDiff(p.TTFBAddedOwn))
 	b.WriteString("Throughput: closed loop, each target run twice (direct, bare, onebitd, onebitd, bare, direct) for a fixed window. The load generator, the decoder and the proxy share the machine's cores, so throughput is bounded by the CPU all of them spend per request (from `/proc/PID/stat`, 10 ms ticks).\n\n")
 	b.WriteString("| concurrency | target | req/s | vs direct | latency | CPU/request: decoder | proxy | load generator |\n|---:|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, t := range p.Throughput {
@@ -226,9 +181,9 @@ func (r *Results) pipelineMarkdown(b *strings.Builder) {
 	p := r.Pipeline
 	b.WriteString("## c. Event pipeline\n\n")
 	fmt.Fprintf(b, "Per transition: `machine.New` and a shared-route walk of %d transitions (listen … finish), in-process, each configuration 7 times interleaved; the median of the 7 runs' mean cost per transition. Event log: `eventlog.Writer`, sync `batch`; NATS: `bus.Bus` on an embedded server with a subscriber on `onebit.>`.\n\n", walkTransitions)
-	b.WriteString("| configuration | per transition | slowest run | events dropped |\n|---|---:|---:|---:|\n")
+	b.WriteString("| configuration | per transition | 95 % CI | slowest run | events dropped |\n|---|---:|---:|---:|---:|\n")
 	for _, t := range p.Transition {
-		fmt.Fprintf(b, "| %s | %s | %s | %d |\n", t.Config, fmtDur(t.PerStep.Median), fmtDur(t.PerStep.Max), t.Dropped)
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %d |\n", t.Config, fmtDur(t.PerStep.Median), dash(fmtCI(t.PerStep)), fmtDur(t.PerStep.Max), t.Dropped)
 	}
 	fmt.Fprintf(b, "\nReplay: a generated log of %d events (%.0f MB, shared-route requests made by the machine package), 3 runs.\n\n", ReplayEvents, float64(p.ReplayBytes)/1e6)
 	b.WriteString("| reader | time | events/s |\n|---|---:|---:|\n")
@@ -247,7 +202,11 @@ func (r *Results) pipelineMarkdown(b *strings.Builder) {
 
 func (r *Results) goBenchMarkdown(b *strings.Builder) {
 	b.WriteString("## Go benchmarks (`go test -bench`, medians over `-count` runs)\n\n")
-	b.WriteString("| package | benchmark | runs | ns/op | B/op | allocs/op | other |\n|---|---|---:|---:|---:|---:|---|\n")
+	b.WriteString("Parsed by golang.org/x/perf/benchfmt; medians and their 95 % confidence intervals by benchmath (none below 6 runs).\n\n")
+	if r.GoBenchNote != "" {
+		fmt.Fprintf(b, "Malformed lines skipped: `%s`.\n\n", strings.ReplaceAll(r.GoBenchNote, "\n", "; "))
+	}
+	b.WriteString("| package | benchmark | runs | ns/op | 95 % CI | B/op | allocs/op | other |\n|---|---|---:|---:|---:|---:|---:|---|\n")
 	for _, g := range r.GoBench {
 		var other []string
 		for _, u := range sortedUnits(g.Metrics) {
@@ -257,8 +216,42 @@ func (r *Results) goBenchMarkdown(b *strings.Builder) {
 			}
 			other = append(other, fmt.Sprintf("%.4g %s", g.Metrics[u], u))
 		}
-		fmt.Fprintf(b, "| %s | %s | %d | %s | %.0f | %.0f | %s |\n", strings.TrimPrefix(g.Pkg, "github.com/onebitd/onebitd/"), g.Name, g.Runs,
-			fmtDur(time.Duration(g.NsPerOp())), g.Metrics["B/op"], g.Metrics["allocs/op"], strings.Join(other, ", "))
+		ns := g.Stats["ns/op"]
+		ci := "–"
+		if ns.HasCI {
+			ci = fmtDur(time.Duration(ns.Lo)) + " – " + fmtDur(time.Duration(ns.Hi))
+		}
+		fmt.Fprintf(b, "| %s | %s | %d | %s | %s | %.0f | %.0f | %s |\n", shortPkg(g.Pkg), g.Name, g.Runs,
+			fmtDur(time.Duration(g.NsPerOp())), ci, g.Metrics["B/op"], g.Metrics["allocs/op"], strings.Join(other, ", "))
 	}
 	b.WriteString("\n")
+	if len(r.GoBenchDelta) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "### Before → after (`-gobench-base %s`)\n\n", r.GoBenchBase)
+	b.WriteString("As benchstat: each side's median with its 95 % confidence interval, the change of the medians, and the Mann-Whitney U test of the two samples (\"~\": no significant difference at α = 0.05).\n\n")
+	b.WriteString("| package | benchmark | unit | before | 95 % CI | after | 95 % CI | change | test |\n|---|---|---|---:|---:|---:|---:|---:|---|\n")
+	for _, d := range r.GoBenchDelta {
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", shortPkg(d.Pkg), d.Name, d.Unit,
+			fmtUnit(d.Before.Center, d.Unit), fmtUnitCI(d.Before, d.Unit), fmtUnit(d.After.Center, d.Unit), fmtUnitCI(d.After, d.Unit), d.Delta(), d.Cmp)
+	}
+	b.WriteString("\n")
+}
+
+func shortPkg(p string) string { return strings.TrimPrefix(p, "github.com/onebitd/onebitd/") }
+
+// fmtUnit writes a Go benchmark value: ns/op as a duration, others as
+// numbers.
+func fmtUnit(v float64, unit string) string {
+	if unit == "ns/op" {
+		return fmtDur(time.Duration(v))
+	}
+	return fmt.Sprintf("%.4g", v)
+}
+
+func fmtUnitCI(st Stat, unit string) string {
+	if !st.HasCI {
+		return fmt.Sprintf("none (n = %d < 6)", st.N)
+	}
+	return fmtUnit(st.Lo, unit) + " – " + fmtUnit(st.Hi, unit)
 }

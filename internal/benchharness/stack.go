@@ -28,6 +28,9 @@ type Config struct {
 	Scale float64
 	// GoBench is `go test -bench` output to summarise (empty: none).
 	GoBench string
+	// GoBenchBase is an earlier `go test -bench` output to compare GoBench
+	// against, benchstat-style (empty: none).
+	GoBenchBase string
 	// CPUProfile, when set, receives a CPU profile of the in-process
 	// handoff runs (onebitd's code as it serves section a's requests).
 	CPUProfile string
