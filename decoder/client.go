@@ -1,6 +1,21 @@
 // Package decoder talks to the decoder (llama-server or the fork with
 // share/adopt): a small HTTP client for the endpoints the handoff needs, with
 // llama-server's error shape parsed into errors a user can read.
+//
+// The decoder is reached at http(s)://host:port or, for a decoder listening
+// on a unix socket (llama-server `--host /dir/decoder.sock`), at
+// unix:///dir/decoder.sock. With WithAPIKey every request, the control calls
+// and the forward path through HTTP() alike, carries `Authorization: Bearer
+// KEY` (llama-server `--api-key-file`; the key is never logged or put in an
+// error).
+//
+// Deadlines: every call of a Client method (Props, Health, Tokenize, Share,
+// Adopt, Call, …) whose context has no deadline gets CallTimeout
+// (DefaultCallTimeout unless WithCallTimeout says otherwise), so a decoder
+// that accepts and never answers cannot hang its caller. The forward path
+// (HTTP(), used by the proxy) has no whole-request deadline, since a
+// completion may stream for as long as it generates; its transport bounds
+// the dial only (DialTimeout).
 package decoder
 
 import (
@@ -10,10 +25,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Errors of this package.
@@ -23,7 +41,30 @@ var (
 	ErrNoShare = errors.New("decoder: the decoder has no shared route (?action=share is not an action it knows)")
 	// ErrBadReply: a 2xx answer whose body is not what the endpoint returns.
 	ErrBadReply = errors.New("decoder: malformed reply")
+	// ErrBadURL: New was given an address it cannot use.
+	ErrBadURL = errors.New("decoder: bad decoder URL")
+	// ErrKeyFile: an API key file that cannot be read or holds no usable key.
+	ErrKeyFile = errors.New("decoder: bad API key file")
 )
+
+// Deadlines.
+const (
+	// DefaultCallTimeout bounds a Client method's call whose context has no
+	// deadline.
+	DefaultCallTimeout = 60 * time.Second
+	// DialTimeout bounds connecting to the decoder (NewTransport).
+	DialTimeout = 10 * time.Second
+)
+
+// unixHost is the host of the base URL of a decoder on a unix socket: the
+// transport dials the socket whatever the host; the name cannot resolve, so
+// a request that bypasses HTTP() fails loudly instead of reaching another
+// server.
+const unixHost = "unix.invalid"
+
+// maxSocketPath is the longest unix socket path (sun_path is 108 bytes with
+// the terminating NUL).
+const maxSocketPath = 107
 
 // maxReply bounds every reply body the client reads.
 const maxReply = 64 << 20
@@ -52,43 +93,173 @@ func (e *APIError) Error() string {
 // Client calls one llama-server: the decoder, or any other instance (a
 // prefill server) through NewFor.
 type Client struct {
-	server string // names the server in errors
-	base   string // scheme://host:port, no trailing slash
-	http   *http.Client
+	server      string // names the server in errors
+	base        string // scheme://host:port, no trailing slash
+	addr        string // the address as given (a unix:// URL stays one)
+	socket      string // unix socket path, "" for TCP
+	http        *http.Client
+	key         string // API key, "" for none
+	callTimeout time.Duration
 }
 
-// New returns a client for the decoder at baseURL.
-func New(baseURL string, hc *http.Client) (*Client, error) {
-	return NewFor("decoder", baseURL, hc)
+// Option configures a Client.
+type Option func(*Client)
+
+// WithAPIKey makes every request carry `Authorization: Bearer key`,
+// replacing any Authorization header a forwarded request had. An empty key
+// sends none.
+func WithAPIKey(key string) Option { return func(c *Client) { c.key = key } }
+
+// WithCallTimeout sets CallTimeout: the bound of a Client method's call whose
+// context has no deadline. 0 or less: no bound but the context's.
+func WithCallTimeout(d time.Duration) Option { return func(c *Client) { c.callTimeout = d } }
+
+// New returns a client for the decoder at baseURL (http://host:port or
+// unix:///path/decoder.sock).
+func New(baseURL string, hc *http.Client, opts ...Option) (*Client, error) {
+	return NewFor("decoder", baseURL, hc, opts...)
 }
 
 // NewFor returns a client for the llama-server at baseURL, called server in
-// error messages ("prefill server").
-func NewFor(server, baseURL string, hc *http.Client) (*Client, error) {
+// error messages ("prefill server"). hc nil means an http.Client on
+// NewTransport; for a unix socket hc's transport, if given, must be an
+// *http.Transport (it is cloned to dial the socket).
+func NewFor(server, baseURL string, hc *http.Client, opts ...Option) (*Client, error) {
+	c := &Client{server: server, addr: baseURL, callTimeout: DefaultCallTimeout}
+	for _, o := range opts {
+		o(c)
+	}
+	if !validKey(c.key) {
+		return nil, fmt.Errorf("%w: the API key holds spaces or control characters", ErrKeyFile)
+	}
 	u, err := url.Parse(baseURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("decoder: bad decoder URL %q (want http://host:port)", baseURL)
+	switch {
+	case err == nil && u.Scheme == "unix" && u.Host == "" && strings.HasPrefix(u.Path, "/"):
+		if len(u.Path) > maxSocketPath {
+			return nil, fmt.Errorf("%w %q: a unix socket path has at most %d bytes", ErrBadURL, baseURL, maxSocketPath)
+		}
+		c.socket, c.base = u.Path, "http://"+unixHost
+	case err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "":
+		c.base = strings.TrimRight(u.Scheme+"://"+u.Host+u.Path, "/")
+	default:
+		return nil, fmt.Errorf("%w %q (want http://host:port or unix:///path/to.sock)", ErrBadURL, baseURL)
 	}
 	if hc == nil {
 		hc = &http.Client{Transport: NewTransport()}
 	}
-	return &Client{server: server, base: strings.TrimRight(u.Scheme+"://"+u.Host+u.Path, "/"), http: hc}, nil
+	if c.socket != "" {
+		var t *http.Transport
+		switch ht := hc.Transport.(type) {
+		case nil:
+			t = NewTransport()
+		case *http.Transport:
+			t = ht.Clone()
+		default:
+			return nil, fmt.Errorf("%w %q: a unix socket needs an *http.Transport, not %T", ErrBadURL, baseURL, hc.Transport)
+		}
+		t.Proxy = nil
+		t.DialContext = unixDialer(c.socket)
+		hc2 := *hc
+		hc2.Transport = t
+		hc = &hc2
+	}
+	if c.key != "" {
+		base := hc.Transport
+		if base == nil {
+			base = http.DefaultTransport
+		}
+		hc2 := *hc
+		hc2.Transport = &keyTransport{base: base, auth: "Bearer " + c.key}
+		hc = &hc2
+	}
+	c.http = hc
+	return c, nil
+}
+
+// unixDialer dials path whatever address the transport asks for.
+func unixDialer(path string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := &net.Dialer{Timeout: DialTimeout}
+	return func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return d.DialContext(ctx, "unix", path)
+	}
+}
+
+// keyTransport sets the Authorization header of every request.
+type keyTransport struct {
+	base http.RoundTripper
+	auth string
+}
+
+func (t *keyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r2 := r.Clone(r.Context()) // a RoundTripper must not modify its request
+	r2.Header.Set("Authorization", t.auth)
+	return t.base.RoundTrip(r2)
+}
+
+// CloseIdleConnections closes the base transport's idle connections.
+func (t *keyTransport) CloseIdleConnections() {
+	if ci, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		ci.CloseIdleConnections()
+	}
+}
+
+// ReadKeyFile reads an API key file (llama-server's --api-key-file format:
+// one key a line) and returns its first key. A key with inner spaces or
+// control characters is refused.
+func ReadKeyFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", ErrKeyFile, err)
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		key := strings.TrimSpace(line)
+		if key == "" {
+			continue
+		}
+		if !validKey(key) {
+			return "", fmt.Errorf("%w: %s: the key holds spaces or control characters", ErrKeyFile, path)
+		}
+		return key, nil
+	}
+	return "", fmt.Errorf("%w: %s holds no key", ErrKeyFile, path)
+}
+
+// validKey reports whether key can travel in a header: no space, no control
+// character.
+func validKey(key string) bool {
+	return strings.IndexFunc(key, func(r rune) bool { return r <= ' ' || r == 0x7f }) < 0
 }
 
 // NewTransport is the HTTP transport onebitd uses towards the decoder: many
-// idle keep-alive connections (one decoder, many concurrent requests).
+// idle keep-alive connections (one decoder, many concurrent requests), and a
+// bounded dial. It has no response deadline: a completion that does not
+// stream answers only when it is done.
 func NewTransport() *http.Transport {
 	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.DialContext = (&net.Dialer{Timeout: DialTimeout, KeepAlive: 30 * time.Second}).DialContext
 	t.MaxIdleConns = 512
 	t.MaxIdleConnsPerHost = 512
 	t.DisableCompression = true
 	return t
 }
 
-// BaseURL is the decoder's base URL.
+// BaseURL is the base URL requests are built on. For a decoder on a unix
+// socket it is http://unix.invalid, which only HTTP() can reach.
 func (c *Client) BaseURL() string { return c.base }
 
-// HTTP is the client's http.Client (shared with the proxy).
+// Addr is the decoder's address as given to New (a unix:// URL for a unix
+// socket): for logs and messages.
+func (c *Client) Addr() string { return c.addr }
+
+// Socket is the unix socket path of the decoder, "" when it is reached over
+// TCP.
+func (c *Client) Socket() string { return c.socket }
+
+// CallTimeout is the bound of a call whose context has no deadline (0: none).
+func (c *Client) CallTimeout() time.Duration { return c.callTimeout }
+
+// HTTP is the client's http.Client (shared with the proxy): it dials the
+// unix socket and sends the API key, and has no deadline of its own.
 func (c *Client) HTTP() *http.Client { return c.http }
 
 // Call sends in (JSON, nil for no body) to path and decodes a 2xx answer
@@ -99,6 +270,11 @@ func (c *Client) Call(ctx context.Context, op, method, path string, in, out any)
 }
 
 func (c *Client) do(ctx context.Context, op, method, path string, in, out any) error {
+	if _, ok := ctx.Deadline(); !ok && c.callTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.callTimeout)
+		defer cancel()
+	}
 	var body io.Reader
 	switch in := in.(type) {
 	case nil:
