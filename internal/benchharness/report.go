@@ -185,10 +185,10 @@ func (r *Results) pipelineMarkdown(b *strings.Builder) {
 	for _, t := range p.Transition {
 		fmt.Fprintf(b, "| %s | %s | %s | %s | %d |\n", t.Config, fmtDur(t.PerStep.Median), dash(fmtCI(t.PerStep)), fmtDur(t.PerStep.Max), t.Dropped)
 	}
-	fmt.Fprintf(b, "\nReplay: a generated log of %d events (%.0f MB, shared-route requests made by the machine package), 3 runs.\n\n", ReplayEvents, float64(p.ReplayBytes)/1e6)
-	b.WriteString("| reader | time | events/s |\n|---|---:|---:|\n")
-	fmt.Fprintf(b, "| `onebitd replay --failed FILE` (process: read, parse, audit) | %s | %s |\n", fmtSum(p.ReplayCmd), fmtRate(p.ReplayCmdRate))
-	fmt.Fprintf(b, "| `eventlog.Replay` in-process (read, parse, audit) | %s | %s |\n\n", fmtSum(p.ReplayInProcess), fmtRate(p.ReplayInProcRate))
+	fmt.Fprintf(b, "\nReplay: a generated log of %d events (%.0f MB, shared-route requests made by the machine package), %d runs; medians with their 95 %% confidence intervals.\n\n", ReplayEvents, float64(p.ReplayBytes)/1e6, replayRuns)
+	b.WriteString("| reader | time | 95 % CI | events/s |\n|---|---:|---:|---:|\n")
+	fmt.Fprintf(b, "| `onebitd replay --failed FILE` (process: read, parse, audit) | %s | %s | %s |\n", fmtSum(p.ReplayCmd), dash(fmtCI(p.ReplayCmd)), fmtRate(p.ReplayCmdRate))
+	fmt.Fprintf(b, "| `eventlog.Replay` in-process (read, parse, audit) | %s | %s | %s |\n\n", fmtSum(p.ReplayInProcess), dash(fmtCI(p.ReplayInProcess)), fmtRate(p.ReplayInProcRate))
 	fmt.Fprintf(b, "Resident memory (VmRSS) of a plain-route onebitd process (event log and embedded NATS on) serving %d requests at concurrency %d: idle after start %s.\n\n", p.RSSRequests, rssConc, fmtMB(p.RSSIdle))
 	b.WriteString("| requests | RSS |\n|---:|---:|\n")
 	for _, s := range p.RSSSamples {
