@@ -136,3 +136,42 @@ func BenchmarkSaveRestore(b *testing.B) {
 		})
 	}
 }
+
+// adoptRequest is an adopt request body of n tokens as onebitd sends it.
+func adoptRequest(n int, shareID int64) []byte {
+	toks := make([]int, n)
+	for i := range toks {
+		toks[i] = simkv.WordBase + i%100
+	}
+	b, _ := json.Marshal(map[string]any{"tokens": toks, "share_id": shareID})
+	return b
+}
+
+// BenchmarkAdopt is one adopt of 12 722 tokens through the HTTP API (with
+// --lax-share-id, so that one share serves every round): the round trip
+// onebitd waits for, and the decoder's reported adopt_ms.
+func BenchmarkAdopt(b *testing.B) {
+	for _, n := range []int{251, 12722} {
+		b.Run(fmt.Sprintf("tokens=%d", n), func(b *testing.B) {
+			cfg := testConfig(b)
+			cfg.NCtx, cfg.LaxShareID = 16384, true
+			s := startSim(b, cfg)
+			body := adoptRequest(n, 1)
+			var ms []float64
+			for b.Loop() {
+				r := s.post("/slots/0?action=adopt", body)
+				var rep struct {
+					NAdopted int `json:"n_adopted"`
+					Timings  struct {
+						AdoptMs float64 `json:"adopt_ms"`
+					} `json:"timings"`
+				}
+				if err := json.Unmarshal(r.body, &rep); err != nil || rep.NAdopted != n {
+					b.Fatalf("adopt: %d %s", r.status, r.body)
+				}
+				ms = append(ms, rep.Timings.AdoptMs)
+			}
+			b.ReportMetric(median(ms), "adopt-ms")
+		})
+	}
+}

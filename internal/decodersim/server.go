@@ -1,6 +1,7 @@
 package decodersim
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -294,7 +295,25 @@ const maxBody = 64 << 20
 // is not JSON answers 500 (nlohmann's parse_error is not an invalid_argument).
 // Keys are matched as nlohmann::json matches them (see internal/jsonexact).
 func readBody(r *http.Request, v any) *apiError {
-	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBody))
+	raw, e := readRaw(r)
+	if e != nil {
+		return e
+	}
+	return decodeBody(raw, v)
+}
+
+// readRaw reads a whole request body (at most maxBody bytes).
+func readRaw(r *http.Request) ([]byte, *apiError) {
+	buf := bytes.NewBuffer(make([]byte, 0, min(max(r.ContentLength, 0), maxBody)+bytes.MinRead))
+	if _, err := buf.ReadFrom(http.MaxBytesReader(nil, r.Body, maxBody)); err != nil {
+		return nil, apiErr(errServer, "[json.exception.parse_error.101] parse error: %v", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// decodeBody parses a JSON body read by readRaw into v.
+func decodeBody(body []byte, v any) *apiError {
+	dec := json.NewDecoder(bytes.NewReader(body))
 	var raw json.RawMessage
 	if err := dec.Decode(&raw); err != nil {
 		return apiErr(errServer, "[json.exception.parse_error.101] parse error: %v", err)

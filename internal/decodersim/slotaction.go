@@ -388,19 +388,15 @@ func (s *Server) slotAdopt(r *http.Request, id int) (any, *apiError) {
 	if s.cfg.Recurrent {
 		return nil, apiErr(errNotSupported, "no shareable region")
 	}
-	var body adoptBody
-	if e := readBody(r, &body); e != nil {
-		return nil, e
-	}
-	toks, shareID, e := parseAdopt(body, s.cfg.LaxShareID)
+	toks, shareID, layoutHash, e := readAdopt(r, s.cfg.LaxShareID)
 	if e != nil {
 		return nil, e
 	}
 	if len(toks) > s.kv.slotCells {
 		return nil, exceedContext(len(toks), s.kv.slotCells)
 	}
-	if body.LayoutHash != nil && *body.LayoutHash != s.layout.Hash() {
-		return nil, apiErr(errInvalidRequest, "layout_hash %q does not match this decoder's layout %s", truncate(*body.LayoutHash, 64), s.layout.Hash())
+	if layoutHash != nil && *layoutHash != s.layout.Hash() {
+		return nil, apiErr(errInvalidRequest, "layout_hash %q does not match this decoder's layout %s", truncate(*layoutHash, 64), s.layout.Hash())
 	}
 	sl, err := s.sched.acquire(r.Context(), id, nil)
 	if err != nil {
@@ -470,11 +466,16 @@ func parseAdopt(b adoptBody, lax bool) ([]int, int64, *apiError) {
 		}
 		toks[i] = tokenID(n)
 	}
+	return checkAdopt(toks, b.ShareID, lax)
+}
+
+// checkAdopt checks an adopt's token ids and share_id (raw JSON).
+func checkAdopt(toks []int, rawShareID []byte, lax bool) ([]int, int64, *apiError) {
 	if e := checkTokens(toks); e != nil {
 		return nil, 0, e
 	}
 	var shareID int64
-	switch raw := bytes.TrimSpace(b.ShareID); {
+	switch raw := bytes.TrimSpace(rawShareID); {
 	case len(raw) == 0 || string(raw) == "null":
 		if !lax {
 			return nil, 0, apiErr(errInvalidRequest, "share_id is required")
