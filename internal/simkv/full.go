@@ -58,12 +58,15 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // crcHash is a hash.Hash64 over CRC-32C (the sum is the CRC widened).
 type crcHash struct{ c uint32 }
 
-func (h *crcHash) Write(p []byte) (int, error) { h.c = crc32.Update(h.c, castagnoli, p); return len(p), nil }
-func (h *crcHash) Sum(b []byte) []byte         { return binary.LittleEndian.AppendUint64(b, h.Sum64()) }
-func (h *crcHash) Reset()                      { h.c = 0 }
-func (h *crcHash) Size() int                   { return 8 }
-func (h *crcHash) BlockSize() int              { return 1 }
-func (h *crcHash) Sum64() uint64               { return uint64(h.c) }
+func (h *crcHash) Write(p []byte) (int, error) {
+	h.c = crc32.Update(h.c, castagnoli, p)
+	return len(p), nil
+}
+func (h *crcHash) Sum(b []byte) []byte { return binary.LittleEndian.AppendUint64(b, h.Sum64()) }
+func (h *crcHash) Reset()              { h.c = 0 }
+func (h *crcHash) Size() int           { return 8 }
+func (h *crcHash) BlockSize() int      { return 1 }
+func (h *crcHash) Sum64() uint64       { return uint64(h.c) }
 
 // WriteFullState writes a version 2 state of tokens: buf(b) returns the
 // len(tokens) x stride bytes of buffer b (0 <= b < 2 nLayer, layer-major, K
