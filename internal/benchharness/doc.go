@@ -15,8 +15,15 @@
 //
 // Results are medians and p99 of samples taken interleaved (one request of
 // each kind in turn), so that a noisy shared machine shifts both sides of a
-// ratio alike. Report renders them as markdown with each target marked met
-// or not met, and Plot draws the handoff curve as SVG.
+// ratio alike. Statistics come from golang.org/x/perf: `go test -bench`
+// output is read by benchfmt; every median carries benchmath's 95 %
+// confidence interval (distribution-free, as benchstat prints it; none
+// below 6 values), a ratio or difference of two sides is the median of
+// per-round ratios or differences with its interval, and two samples
+// measured side by side are compared with benchmath's Mann-Whitney U test.
+// Report renders them as markdown with each target marked met or not met
+// (and whether the interval crosses the goal), and Plot draws the handoff
+// curve as SVG.
 package benchharness
 
 import "errors"

@@ -51,9 +51,10 @@ type Target struct {
 	Met      bool
 	// NotMeasured: the run could not take this figure (Measured says why).
 	NotMeasured bool
-	// Unsure: the confidence interval contains the goal (or there is none),
-	// so met or not met may be noise.
+	// Unsure: the confidence interval contains the goal, or there is none
+	// (HasCI false), so met or not met may be noise.
 	Unsure bool
+	HasCI  bool
 }
 
 // Verdict is the table's last column.
@@ -68,15 +69,18 @@ func (t Target) Verdict() string {
 	if !t.Met {
 		v = "**not met**"
 	}
-	if t.Unsure {
+	switch {
+	case t.Unsure && t.HasCI:
 		v += " (CI crosses the goal)"
+	case t.Unsure:
+		v += " (no interval)"
 	}
 	return v
 }
 
 // atMost is a target "x ≤ goal" for a measured median with its interval.
 func atMost(what string, x, lo, hi, goal float64, hasCI bool) Target {
-	return Target{What: what, Met: x <= goal, Unsure: !hasCI || (lo <= goal) != (hi <= goal)}
+	return Target{What: what, Met: x <= goal, Unsure: !hasCI || (lo <= goal) != (hi <= goal), HasCI: hasCI}
 }
 
 // durTarget is "median ≤ goal" for a sample of durations.
@@ -144,6 +148,7 @@ func (r *Results) Targets() []Target {
 			// The rate's interval is the time's, inverted.
 			rate.CI = fmtRate(ReplayEvents/s.Hi.Seconds()) + " – " + fmtRate(ReplayEvents/s.Lo.Seconds())
 			rate.Unsure = (ReplayEvents/s.Hi.Seconds() >= TargetReplay) != (ReplayEvents/s.Lo.Seconds() >= TargetReplay)
+			rate.HasCI = true
 		}
 		ts = append(ts, rate)
 		if n := len(p.RSSSamples); n > 0 {
@@ -174,14 +179,14 @@ func (h *HandoffResult) targets() []Target {
 			goal = TargetSharedVsFileLong
 		}
 		t := ratioTarget(fmt.Sprintf("decoder-facing handoff, shared / file at %s tokens (per-round ratio)", fmtTokens(n)),
-			PairedRatio(s.HandoffRounds, f.HandoffRounds), goal, fmt.Sprintf("shared %s, file %s", fmtMed(s.Handoff), fmtMed(f.Handoff)))
+			PairedRatio(s.HandoffRounds, f.HandoffRounds), goal, fmt.Sprintf("medians: shared %s, file %s", fmtMed(s.Handoff), fmtMed(f.Handoff)))
 		t.Test = "shared vs file: " + CompareDurations(s.HandoffRounds.Values(), f.HandoffRounds.Values()).String()
 		ts = append(ts, t)
 	}
 	if lo, hi := h.Row(shared, first), h.Row(shared, last); lo != nil && hi != nil {
 		t := ratioTarget(fmt.Sprintf("shared route: share phase %s : %s tokens (per-round ratio)", fmtTokens(last), fmtTokens(first)),
 			PairedRatio(hi.RawRounds[PhaseShare], lo.RawRounds[PhaseShare]), TargetShareFlat,
-			fmt.Sprintf("%s / %s", fmtMed(hi.Raw[PhaseShare]), fmtMed(lo.Raw[PhaseShare])))
+			fmt.Sprintf("medians: %s / %s", fmtMed(hi.Raw[PhaseShare]), fmtMed(lo.Raw[PhaseShare])))
 		t.Test = fmt.Sprintf("%s vs %s: %s", fmtTokens(last), fmtTokens(first), CompareDurations(hi.RawRounds[PhaseShare].Values(), lo.RawRounds[PhaseShare].Values()))
 		ts = append(ts, t)
 		ts = append(ts,
