@@ -3,7 +3,11 @@
 // --decoder-bin`.
 //
 // The decoder listens on a loopback port picked once and kept across
-// restarts, so its URL never changes. Start waits until GET /health answers
+// restarts, so its URL never changes; with Config.UnixSocket it listens on
+// RunDir/decoder.sock instead (a directory of mode 0700: the socket itself
+// gets the decoder's umask), and with Config.APIKey it gets a key drawn per
+// boot in RunDir/decoder.key (mode 0600, passed as --api-key-file, never on
+// its command line, never logged). Client reaches it either way (DESIGN §2d). Start waits until GET /health answers
 // 200 (503 "Loading model" means keep waiting, up to Config.StallTimeout)
 // and fails fast, with the decoder's last stderr lines, when the process
 // exits first. After that a supervisor restarts a decoder that exits with an
@@ -25,16 +29,22 @@ package launcher
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"golang.org/x/sys/unix"
 
 	"github.com/onebitd/onebitd/decoder"
 	"github.com/onebitd/onebitd/event"
@@ -99,6 +109,17 @@ type Config struct {
 	Slots   int      // -np (at least 1)
 	Host    string   // listen host; default 127.0.0.1. The port is picked free once and kept across restarts.
 
+	// Access control (DESIGN §2d). APIKey: a key drawn per Start (per boot),
+	// written to RunDir/decoder.key (mode 0600) and passed as
+	// --api-key-file, never on the command line and never logged; the
+	// launcher's Client sends it. UnixSocket: the decoder listens on
+	// RunDir/decoder.sock (--host PATH.sock) instead of a loopback port.
+	// RunDir is a directory of mode 0700 owned by this user (created if
+	// missing); "" means a new temporary directory, removed by Stop.
+	APIKey     bool
+	UnixSocket bool
+	RunDir     string
+
 	StallTimeout time.Duration // most time from start to /health 200; default 10m (loading a model is slow)
 	StopGrace    time.Duration // time between SIGTERM and SIGKILL on Stop; default 10s
 
@@ -106,8 +127,18 @@ type Config struct {
 	Logger *slog.Logger // nil: discard
 }
 
-// reserved are flags the launcher sets itself; the user's args must not.
-var reserved = []string{"--host", "--port", "--slot-save-path", "-np", "--parallel"}
+// reserved are flags the launcher sets itself; the user's args must not
+// (a key onebitd does not know would lock it out of its own decoder).
+var reserved = []string{"--host", "--port", "--slot-save-path", "-np", "--parallel", "--api-key", "--api-key-file"}
+
+// Names of the files in Config.RunDir.
+const (
+	KeyFileName = "decoder.key"
+	SocketName  = "decoder.sock"
+)
+
+// maxSocketPath is the longest unix socket path (sun_path less its NUL).
+const maxSocketPath = 107
 
 func (c *Config) check() error {
 	bad := func(format string, a ...any) error {
@@ -148,9 +179,18 @@ func (c *Config) check() error {
 	return nil
 }
 
-// argv is the decoder's argument list for port.
+// argv is the decoder's argument list for port (or, with UnixSocket, for
+// the socket in RunDir).
 func (c *Config) argv(port int) []string {
-	a := []string{"--host", c.Host, "--port", strconv.Itoa(port)}
+	var a []string
+	if c.UnixSocket {
+		a = []string{"--host", filepath.Join(c.RunDir, SocketName)}
+	} else {
+		a = []string{"--host", c.Host, "--port", strconv.Itoa(port)}
+	}
+	if c.APIKey {
+		a = append(a, "--api-key-file", filepath.Join(c.RunDir, KeyFileName))
+	}
 	if c.Model != "" {
 		a = append(a, "-m", c.Model)
 	}
@@ -170,13 +210,15 @@ func (e *NotReadyError) Unwrap() error { return ErrNotReady }
 
 // Decoder is one supervised decoder process.
 type Decoder struct {
-	cfg    Config
-	log    *slog.Logger
-	url    string
-	port   int
-	client *decoder.Client
-	cancel context.CancelFunc
-	done   chan struct{} // closed when the supervisor has stopped the process
+	cfg      Config
+	log      *slog.Logger
+	url      string
+	port     int
+	client   *decoder.Client
+	cancel   context.CancelFunc
+	done     chan struct{} // closed when the supervisor has stopped the process
+	cleanup  func()        // removes the key file and socket (or the temp RunDir)
+	stopOnce sync.Once
 
 	mu       sync.Mutex
 	proc     *process // current process, nil when none
@@ -194,12 +236,32 @@ func Start(ctx context.Context, cfg Config) (*Decoder, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
-	port, err := freePort(cfg.Host)
+	cleanup, key, err := cfg.prepareRunDir()
 	if err != nil {
 		return nil, err
 	}
-	url := "http://" + net.JoinHostPort(cfg.Host, strconv.Itoa(port))
-	client, err := decoder.New(url, nil)
+	d, err := startWith(ctx, cfg, key)
+	if err != nil {
+		cleanup()
+		return nil, err
+	}
+	d.cleanup = cleanup
+	return d, nil
+}
+
+func startWith(ctx context.Context, cfg Config, key string) (*Decoder, error) {
+	var url string
+	port := 0
+	if cfg.UnixSocket {
+		url = "unix://" + filepath.Join(cfg.RunDir, SocketName)
+	} else {
+		var err error
+		if port, err = freePort(cfg.Host); err != nil {
+			return nil, err
+		}
+		url = "http://" + net.JoinHostPort(cfg.Host, strconv.Itoa(port))
+	}
+	client, err := decoder.New(url, nil, decoder.WithAPIKey(key))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
@@ -216,6 +278,7 @@ func Start(ctx context.Context, cfg Config) (*Decoder, error) {
 	p, err := d.launch(ctx)
 	if err != nil {
 		d.emit(EventExited, err.Error())
+		client.HTTP().CloseIdleConnections()
 		return nil, err
 	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -224,8 +287,98 @@ func Start(ctx context.Context, cfg Config) (*Decoder, error) {
 	return d, nil
 }
 
-// URL is the decoder's base URL (http://HOST:PORT), the same across restarts.
+// prepareRunDir makes RunDir (0700, ours) and the key file when access
+// control is on; cleanup removes what it made.
+func (c *Config) prepareRunDir() (cleanup func(), key string, err error) {
+	cleanup = func() {}
+	if !c.APIKey && !c.UnixSocket {
+		return cleanup, "", nil
+	}
+	if c.RunDir == "" {
+		dir, err := os.MkdirTemp("", "onebitd-decoder-") // mode 0700
+		if err != nil {
+			return cleanup, "", fmt.Errorf("launcher: make a run directory: %w", err)
+		}
+		c.RunDir = dir
+		cleanup = func() { os.RemoveAll(dir) }
+	} else {
+		if err := os.MkdirAll(c.RunDir, 0o700); err != nil {
+			return cleanup, "", fmt.Errorf("launcher: make the run directory: %w", err)
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(c.RunDir, &st); err != nil {
+			return cleanup, "", fmt.Errorf("launcher: run directory: %w", os.NewSyscallError("stat", err))
+		}
+		if st.Mode&0o077 != 0 || int(st.Uid) != os.Geteuid() || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return cleanup, "", fmt.Errorf("%w: run directory %s has mode %04o and owner %d: want a directory of mode 0700 owned by uid %d (it holds the decoder's key and socket)",
+				ErrConfig, c.RunDir, st.Mode&0o7777, st.Uid, os.Geteuid())
+		}
+		files := []string{filepath.Join(c.RunDir, KeyFileName), filepath.Join(c.RunDir, SocketName)}
+		cleanup = func() {
+			for _, f := range files {
+				os.Remove(f)
+			}
+		}
+	}
+	if c.UnixSocket {
+		if sock := filepath.Join(c.RunDir, SocketName); len(sock) > maxSocketPath {
+			cleanup()
+			return func() {}, "", fmt.Errorf("%w: socket path %s is %d bytes, a unix socket path has at most %d (choose a shorter run directory)",
+				ErrConfig, sock, len(sock), maxSocketPath)
+		}
+	}
+	if c.APIKey {
+		if key, err = writeKey(filepath.Join(c.RunDir, KeyFileName)); err != nil {
+			cleanup()
+			return func() {}, "", err
+		}
+	}
+	return cleanup, key, nil
+}
+
+// writeKey draws a new key and writes it to path, a new file of mode 0600
+// (one left by an earlier boot is replaced).
+func writeKey(path string) (string, error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("launcher: draw an API key: %w", err)
+	}
+	key := hex.EncodeToString(b[:])
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("launcher: replace the key file: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return "", fmt.Errorf("launcher: write the key file: %w", err)
+	}
+	_, err = f.WriteString(key + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(path)
+		return "", fmt.Errorf("launcher: write the key file %s: %w", path, err)
+	}
+	return key, nil
+}
+
+// URL is the decoder's address, the same across restarts: http://HOST:PORT,
+// or unix://PATH with Config.UnixSocket. With Config.APIKey a client needs
+// the key too: use Client.
 func (d *Decoder) URL() string { return d.url }
+
+// Client is a client of the decoder that reaches it (unix socket included)
+// and sends its API key. Its connections are closed by Stop.
+func (d *Decoder) Client() *decoder.Client { return d.client }
+
+// KeyFile is the path of the decoder's API key file (0600), "" without
+// Config.APIKey. It exists until Stop.
+func (d *Decoder) KeyFile() string {
+	if !d.cfg.APIKey {
+		return ""
+	}
+	return filepath.Join(d.cfg.RunDir, KeyFileName)
+}
 
 // PID is the current decoder process id, 0 while none runs.
 func (d *Decoder) PID() int {
@@ -257,6 +410,7 @@ func (d *Decoder) Stop() error {
 	d.cancel()
 	<-d.done
 	d.client.HTTP().CloseIdleConnections()
+	d.stopOnce.Do(d.cleanup)
 	return nil
 }
 
@@ -275,6 +429,13 @@ func (d *Decoder) emit(name, reason string) {
 // launch spawns a process and waits until it is ready. On failure the
 // process is gone (reaped) when launch returns.
 func (d *Decoder) launch(ctx context.Context) (*process, error) {
+	if d.cfg.UnixSocket {
+		// A socket file left by an earlier run (a killed decoder does not
+		// remove it) would make the bind fail; the directory is ours.
+		if err := os.Remove(filepath.Join(d.cfg.RunDir, SocketName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("launcher: remove the old socket: %w", err)
+		}
+	}
 	p, err := spawn(d.cfg.Bin, d.cfg.argv(d.port), d.log)
 	if err != nil {
 		return nil, err
