@@ -108,7 +108,11 @@ func TestSlotSockets(t *testing.T) {
 		}
 		// Disarmed: a late connection is refused, not delivered.
 		before := s.refused.Load()
-		send(t, s.path(0), raw, fds)
+		c, err := fdpass.Dial(s.path(0), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
 		obtest.WaitFor(t, 5*time.Second, "the late connection refused", func() bool { return s.refused.Load() == before+1 })
 	})
 	t.Run("wrong peer", func(t *testing.T) {
