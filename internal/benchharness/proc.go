@@ -1,7 +1,6 @@
 package benchharness
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -11,24 +10,24 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
+
+	"github.com/onebitd/onebitd/internal/tailbuf"
 )
 
 // Proc is a child process started by the harness. Its stderr is scanned for
 // a ready line and its last lines are kept for error messages.
 type Proc struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{}
-
-	mu   sync.Mutex
-	tail []string
+	name   string
+	cmd    *exec.Cmd
+	done   chan struct{}
+	stderr *tailbuf.Buffer
 }
 
 const (
 	tailLines  = 40
+	maxLine    = 64 << 10 // a JSON log line with many attributes
 	readyLimit = 60 * time.Second
 	stopLimit  = 10 * time.Second
 )
@@ -50,35 +49,24 @@ func startProcEnv(ctx context.Context, bin string, env []string, ready *regexp.R
 	}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	p.cmd.Stdout = io.Discard
-	pr, err := p.cmd.StderrPipe()
-	if err != nil {
-		return nil, "", err
-	}
-	if err := p.cmd.Start(); err != nil {
-		return nil, "", fmt.Errorf("start %s: %w", p.name, err)
-	}
 	found := make(chan string, 1)
-	scanned := make(chan struct{})
-	go func() {
-		defer close(scanned)
-		sc := bufio.NewScanner(pr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		sent := false
-		for sc.Scan() {
-			line := sc.Text()
-			p.keep(line)
+	sent := false
+	p.stderr = tailbuf.New(tailbuf.Options{MaxLines: tailLines, MaxBytes: tailLines * maxLine, MaxLine: maxLine,
+		OnLine: func(line string) {
 			if !sent {
 				if m := ready.FindStringSubmatch(line); m != nil {
 					found <- m[1]
 					sent = true
 				}
 			}
-		}
-		_, _ = io.Copy(io.Discard, pr)
-	}()
+		}})
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		return nil, "", fmt.Errorf("start %s: %w", p.name, err)
+	}
 	go func() {
-		<-scanned // Wait closes the pipe: read it to the end first
-		_ = p.cmd.Wait()
+		_ = p.cmd.Wait() // returns once stderr is read to its end
+		p.stderr.Flush()
 		close(p.done)
 	}()
 	timer := time.NewTimer(readyLimit)
@@ -97,21 +85,8 @@ func startProcEnv(ctx context.Context, bin string, env []string, ready *regexp.R
 	}
 }
 
-func (p *Proc) keep(line string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.tail) == tailLines {
-		p.tail = append(p.tail[:0], p.tail[1:]...)
-	}
-	p.tail = append(p.tail, line)
-}
-
 // Tail is the last lines the process wrote to stderr.
-func (p *Proc) Tail() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return strings.Join(p.tail, "\n")
-}
+func (p *Proc) Tail() string { return p.stderr.String() }
 
 // PID is the child's process id.
 func (p *Proc) PID() int { return p.cmd.Process.Pid }
