@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 
 	"golang.org/x/perf/benchfmt"
 )
@@ -137,7 +138,9 @@ func CompareGoBench(before, after []GoBench) []GoBenchDelta {
 		if !ok {
 			continue
 		}
-		for _, u := range sortedUnits(a.Metrics) {
+		units := sortedUnits(a.Metrics)
+		slices.SortStableFunc(units, func(x, y string) int { return unitRank(x) - unitRank(y) })
+		for _, u := range units {
 			bv, ok := b.Values[u]
 			if !ok {
 				continue
@@ -146,4 +149,18 @@ func CompareGoBench(before, after []GoBench) []GoBenchDelta {
 		}
 	}
 	return out
+}
+
+// unitRank puts time first, then bytes and allocations, then custom units
+// (as benchstat's tables).
+func unitRank(u string) int {
+	switch u {
+	case "ns/op":
+		return 0
+	case "B/op":
+		return 1
+	case "allocs/op":
+		return 2
+	}
+	return 3
 }

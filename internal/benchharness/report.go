@@ -25,6 +25,8 @@ func fmtDur(d time.Duration) string {
 	switch {
 	case d < 0:
 		return "−" + fmtDur(-d)
+	case d < time.Microsecond:
+		return fmt.Sprintf("%d ns", d.Nanoseconds())
 	case d < 10*time.Microsecond:
 		return fmt.Sprintf("%.2f µs", float64(d)/1e3)
 	case d < time.Millisecond:
