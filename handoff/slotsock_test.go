@@ -119,7 +119,12 @@ func TestSlotSockets(t *testing.T) {
 		reject.Store(true)
 		defer reject.Store(false)
 		w := s.arm(0, time.Now().Add(5*time.Second))
-		send(t, s.path(0), raw, fds)
+		c, err := fdpass.Dial(s.path(0), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = fdpass.Send(c, raw, fds) // refused before or during the send
 		if r := s.wait(0, w); !errors.Is(r.err, errImpostor) || r.msg != nil {
 			t.Fatalf("got %+v", r)
 		}
