@@ -68,6 +68,7 @@ func (s *subscriber) all() []*nats.Msg {
 // event log holds exactly the same events (byte for byte); every one is
 // valid against schemas/event.json; `onebitd replay` passes the log.
 func TestEventsEndToEnd(t *testing.T) {
+	t.Parallel() // own processes, ports and temp dirs
 	for _, share := range []bool{false, true} {
 		port := freePort(t)
 		url := "nats://127.0.0.1:" + strconv.Itoa(port)
@@ -140,6 +141,7 @@ func countDone(evs []event.Event) int {
 // event in stream ONEBIT (store in the state dir), and `onebitd replay
 // --nats-url … --stream ONEBIT` audits the same requests as the log.
 func TestJetStreamReplay(t *testing.T) {
+	t.Parallel() // own processes, ports and temp dirs
 	port := freePort(t)
 	url := "nats://127.0.0.1:" + strconv.Itoa(port)
 	e := newEnv(t, envOpts{provider: true, share: true,

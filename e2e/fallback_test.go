@@ -62,6 +62,7 @@ func init() {
 // X-Onebit-Route: fallback, exactly one reason naming the failure, and
 // leaves nothing behind.
 func TestFallbacks(t *testing.T) {
+	t.Parallel() // own processes, ports and temp dirs
 	plains := map[string]*env{}
 	plainFor := func(model string) *env { // the plain route on a decoder with the same model
 		if plains[model] == nil {
@@ -143,6 +144,7 @@ func checkOneReason(t *testing.T, e *env, reqID, step, reason string) {
 // is not the one onebitd launched) is refused as the wrong peer; a decoder
 // that answers share but never connects times out at the accept.
 func TestFallbackPeerAndSilence(t *testing.T) {
+	t.Parallel() // own processes, ports and temp dirs
 	plain := newEnv(t, envOpts{})
 	text := prompt(11, 300)
 	want := complete(t, plain.onebitURL, epCompletion, false, text, nPredict)

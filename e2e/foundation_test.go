@@ -155,6 +155,7 @@ func fdList(n int) string {
 // gives the text of a plain /completion on a fresh simulator, with
 // prompt_n == 1. Prompts of about 250, 3 200 and 12 700 tokens.
 func TestFoundationByHand(t *testing.T) {
+	t.Parallel() // own processes, ports and temp dirs
 	prompts := gatePrompts
 	if testing.Short() {
 		prompts = gatePrompts[:1]
@@ -208,6 +209,7 @@ func TestFoundationByHand(t *testing.T) {
 // another model refuses, leaves the cells unadopted, and the next request
 // on the slot is unaffected.
 func TestFoundationRefusals(t *testing.T) {
+	t.Parallel() // own processes, ports and temp dirs
 	model := modelFile(t, "a")
 	s := startSim(t, model)
 	work := t.TempDir()

@@ -25,6 +25,7 @@ const nPredict = 24
 // every prompt, entry point and streaming mode; file and shared report
 // prompt_n == 1; nothing is left behind.
 func TestGate(t *testing.T) {
+	t.Parallel() // own processes, ports and temp dirs
 	prompts := gatePrompts
 	if testing.Short() {
 		prompts = gatePrompts[:1] // -short keeps the 250-token case
@@ -114,6 +115,7 @@ func init() {
 // (prompt_n > 1). Either way TestGate's checks would fail: identical text
 // with prompt_n == 1 means the right KV arrived.
 func TestGateDetectsWrongKV(t *testing.T) {
+	t.Parallel() // own processes, ports and temp dirs
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

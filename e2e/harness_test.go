@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -24,11 +23,12 @@ import (
 	"github.com/onebitd/onebitd/event"
 	"github.com/onebitd/onebitd/eventlog"
 	"github.com/onebitd/onebitd/internal/obtest"
+	"github.com/onebitd/onebitd/internal/tailbuf"
 )
 
 // bins are built once per test binary.
 var bins struct {
-	onebitd, sim, prov string
+	onebitd, sim, prov, prefill string
 }
 
 func TestMain(m *testing.M) {
@@ -43,14 +43,16 @@ func TestMain(m *testing.M) {
 	bins.onebitd = filepath.Join(dir, "onebitd")
 	bins.sim = filepath.Join(dir, "onebit-decoder-sim")
 	bins.prov = filepath.Join(dir, "onebit-provider-sim")
-	for out, pkg := range map[string]string{bins.onebitd: "./cmd/onebitd", bins.sim: "./cmd/onebit-decoder-sim", bins.prov: "./cmd/onebit-provider-sim"} {
-		cmd := exec.Command("go", "build", "-race", "-o", out, pkg)
-		cmd.Dir = ".."
-		cmd.Stderr = os.Stderr
-		if err := cmd.Run(); err != nil {
-			fmt.Fprintf(os.Stderr, "build %s: %v\n", pkg, err)
-			os.Exit(1)
-		}
+	bins.prefill = filepath.Join(dir, "onebit-prefill")
+	// One go build for the four binaries: they share the compiled
+	// packages, and the build runs them in parallel.
+	cmd := exec.Command("go", "build", "-race", "-o", dir+"/", "./cmd/onebitd", "./cmd/onebit-decoder-sim",
+		"./cmd/onebit-provider-sim", "./cmd/onebit-prefill")
+	cmd.Dir = ".."
+	cmd.Stderr = os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintf(os.Stderr, "build the e2e binaries: %v\n", err)
+		os.Exit(1)
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
@@ -92,31 +94,26 @@ func startEnv(t *testing.T, env []string, bin string, re *regexp.Regexp, args ..
 	if env != nil {
 		p.cmd.Env = append(os.Environ(), env...)
 	}
-	pr, pw := io.Pipe()
-	p.cmd.Stderr = pw
+	// Every stderr line is kept (tests read the whole log) and matched
+	// against re until it matches.
+	found := make(chan string, 1)
+	sent := false
+	stderr := tailbuf.New(tailbuf.Options{MaxLines: 1, MaxBytes: 1 << 20, MaxLine: 1 << 20, OnLine: func(line string) {
+		p.Write([]byte(line + "\n"))
+		if !sent {
+			if m := re.FindStringSubmatch(line); m != nil {
+				found <- m[1]
+				sent = true
+			}
+		}
+	}})
+	p.cmd.Stderr = stderr
 	p.cmd.Stdout = p
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	found := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		sent := false
-		for sc.Scan() {
-			line := sc.Text()
-			p.Write([]byte(line + "\n"))
-			if !sent {
-				if m := re.FindStringSubmatch(line); m != nil {
-					found <- m[1]
-					sent = true
-				}
-			}
-		}
-		io.Copy(io.Discard, pr)
-	}()
-	go func() { p.cmd.Wait(); pw.Close(); close(p.done) }()
+	go func() { p.cmd.Wait(); stderr.Flush(); close(p.done) }()
 	t.Cleanup(func() { p.stop() })
 	select {
 	case s := <-found:

@@ -37,6 +37,7 @@ func children(pid int) []int {
 // event (never a fake [DONE]), is restarted, and later requests succeed;
 // onebitd killed with SIGKILL leaves no decoder running.
 func TestLaunchedDecoder(t *testing.T) {
+	t.Parallel() // own processes, ports and temp dirs
 	e := newLaunchedEnv(t, bins.sim, []string{"--provider", bins.prov, "--kv-share"})
 	// newLaunchedEnv passes "-- -c 20480"; a per-token delay keeps the stream open.
 	text := prompt(31, 400)
@@ -110,4 +111,24 @@ func TestLaunchedDecoder(t *testing.T) {
 	dec = kids[0]
 	syscall.Kill(e.onebit.PID(), syscall.SIGKILL)
 	obtest.WaitFor(t, 10*time.Second, "the decoder to die with onebitd", func() bool { return obtest.Gone(dec) })
+}
+
+// TestPrefillServerDiesWithOnebitd: onebitd serve --decoder-bin S
+// --prefill-bin S serves on the file route through onebit-prefill, and a
+// kill -9 of onebitd takes both servers down (Pdeathsig).
+func TestPrefillServerDiesWithOnebitd(t *testing.T) {
+	t.Parallel() // own processes, ports and temp dirs
+	e := newLaunchedEnv(t, bins.sim, []string{"--prefill-bin", bins.sim, "--prefill-provider", bins.prefill})
+	text := prompt(33, 300)
+	if r := complete(t, e.onebitURL, epCompletion, false, text, 8); r.status != 200 || r.route != "file" || r.promptN != 1 {
+		t.Fatalf("hybrid: %d %s prompt_n %d %s", r.status, r.route, r.promptN, tail(r.body))
+	}
+	kids := children(e.onebit.PID())
+	if len(kids) != 2 {
+		t.Fatalf("onebitd children %v, want the decoder and the prefill server", kids)
+	}
+	syscall.Kill(e.onebit.PID(), syscall.SIGKILL)
+	for _, pid := range kids {
+		obtest.WaitFor(t, 10*time.Second, "the servers to die with onebitd", func() bool { return obtest.Gone(pid) })
+	}
 }

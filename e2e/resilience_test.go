@@ -36,6 +36,7 @@ func natsServer(t *testing.T, port int) *server.Server {
 // published or counted as dropped, and publishing resumes after the server
 // is back.
 func TestExternalNATSOutage(t *testing.T) {
+	t.Parallel() // own processes, ports and temp dirs
 	port := freePort(t)
 	url := "nats://127.0.0.1:" + strconv.Itoa(port)
 	ns := natsServer(t, port)
@@ -104,6 +105,7 @@ func TestExternalNATSOutage(t *testing.T) {
 // removes the handoff files the dead one left, and replay shows the
 // interrupted requests as in flight without any violation.
 func TestKillUnderLoad(t *testing.T) {
+	t.Parallel() // own processes, ports and temp dirs
 	e := newEnv(t, envOpts{provider: true, share: true, simArgs: []string{"-np", "4", "--token-delay", "2ms"},
 		onebitArgs: []string{"--slots", "4", "--event-log-sync", "batch"}})
 	var ok atomic.Int64

@@ -15,6 +15,7 @@ import (
 // TestConcurrentSlots: --slots 4 (decoder -np 4) and 16 concurrent mixed
 // requests on the shared route: every answer is its own prompt's answer.
 func TestConcurrentSlots(t *testing.T) {
+	t.Parallel() // own processes, ports and temp dirs
 	plain := newEnv(t, envOpts{simArgs: []string{"-np", "4"}, onebitArgs: []string{"--slots", "4"}})
 	shared := newEnv(t, envOpts{provider: true, share: true, simArgs: []string{"-np", "4"}, onebitArgs: []string{"--slots", "4"}})
 	base, _ := fdSnapshot(t, shared.onebit.PID())
@@ -55,6 +56,7 @@ func TestConcurrentSlots(t *testing.T) {
 // TestBadInput: invalid JSON → 400, oversized body → 413, both in
 // llama-server's error shape; onebitd keeps serving.
 func TestBadInput(t *testing.T) {
+	t.Parallel() // own processes, ports and temp dirs
 	e := newEnv(t, envOpts{provider: true, share: true, onebitArgs: []string{"--max-body", "4096"}})
 	cases := []struct {
 		name   string
@@ -137,6 +139,7 @@ func streamOne(t *testing.T, base, text string, maxTokens int) (*http.Response, 
 // decoder's work and frees its slot; its request ends as failed with a
 // reason in the event log.
 func TestClientGoneFreesSlot(t *testing.T) {
+	t.Parallel() // own processes, ports and temp dirs
 	e := newEnv(t, envOpts{provider: true, share: true, simArgs: []string{"--token-delay", "20ms"}, onebitArgs: []string{"--slots", "1"}})
 	resp, _ := streamOne(t, e.onebitURL, prompt(41, 200), 100000)
 	id := resp.Header.Get("X-Onebit-Request-Id")
@@ -154,6 +157,7 @@ func TestClientGoneFreesSlot(t *testing.T) {
 // TestDrainOnSIGTERM: SIGTERM lets an in-flight stream finish, then onebitd
 // exits 0 and refuses new connections.
 func TestDrainOnSIGTERM(t *testing.T) {
+	t.Parallel() // own processes, ports and temp dirs
 	e := newEnv(t, envOpts{provider: true, share: true, simArgs: []string{"--token-delay", "10ms"}})
 	resp, br := streamOne(t, e.onebitURL, prompt(43, 200), 40)
 	defer resp.Body.Close()
