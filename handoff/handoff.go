@@ -201,8 +201,12 @@ func (w *work) release() *event.Cleanup {
 		w.clean.FDsClosed += w.msg.Close()
 	}
 	if w.l != nil {
-		w.l.Close() // unlinks the socket
-		w.clean.FilesRemoved++
+		if err := w.l.Close(); err != nil {
+			w.h.log.Error("cannot close the share socket", "path", w.l.Path(), "error", err)
+		}
+		if w.l.Removed() { // not when someone else removed or replaced it
+			w.clean.FilesRemoved++
+		}
 	}
 	// Every file this request may have: ours, and what a provider leaves
 	// beside them (the .tmp of a state file it was killed writing). Named,
@@ -231,13 +235,57 @@ func (w *work) fire(ev machine.Event, a machine.Attrs) {
 // fallback cleans up and leaves the handoff with one reason.
 func (w *work) fallback(step string, err error, exit *int, status int) string {
 	reason := err.Error()
-	if c := context.Cause(w.ctx); errors.Is(c, ErrDraining) {
-		reason = c.Error() // the step's own error only says it was cancelled
+	if why := cutShort(w.ctx, step); why != "" {
+		reason = why // the step's own error only says it was cancelled
 	}
 	cl := w.release()
 	w.h.log.Warn("handoff fell back", "request_id", w.m.ID(), "slot", w.m.Slot(), "step", step, "reason", reason)
 	w.fire(machine.EvFallback, machine.Attrs{Reason: reason, Step: step, ProviderExit: exit, HTTPStatus: status, Cleanup: cl})
 	return reason
+}
+
+// ReasonClientGone starts the reason of every handoff whose client went
+// away (the handlers use the same words for a client gone mid-forward).
+const ReasonClientGone = "the client went away"
+
+// goneWhile completes ReasonClientGone per step.
+var goneWhile = map[string]string{
+	machine.StepListen:   "before the handoff started",
+	machine.StepShare:    "while the decoder shared the slot's KV",
+	machine.StepReceive:  "while onebitd waited for the decoder's share message",
+	machine.StepPeer:     "while onebitd waited for the decoder's share message",
+	machine.StepTokens:   "before the provider started",
+	machine.StepProvider: "while the provider was prefilling (its process group is killed)",
+	machine.StepAdopt:    "while the decoder adopted the prefilled KV",
+	machine.StepRestore:  "while the decoder restored the prefilled state",
+}
+
+// cutShort is the reason of a run whose ctx ended while step ran: the
+// daemon drains (ErrDraining) or the client went away. It is "" while ctx
+// is live and when ctx ended by its own deadline (the step's error tells).
+func cutShort(ctx context.Context, step string) string {
+	if ctx.Err() == nil {
+		return ""
+	}
+	switch c := context.Cause(ctx); {
+	case errors.Is(c, ErrDraining):
+		return c.Error()
+	case errors.Is(c, context.Canceled):
+		if while, ok := goneWhile[step]; ok {
+			return ReasonClientGone + " " + while
+		}
+		return ReasonClientGone + " during the handoff"
+	}
+	return ""
+}
+
+// late rewords the error of a decoder call that outlived its step's
+// deadline d (and not the request's).
+func late(err error, stepCtx, ctx context.Context, op string, d time.Duration) error {
+	if ctx.Err() == nil && errors.Is(stepCtx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("the decoder did not answer the %s request within %s", op, d)
+	}
+	return err
 }
 
 func httpStatus(err error) int {
@@ -256,6 +304,9 @@ func providerExit(res provider.Result) *int {
 }
 
 func (w *work) file(ctx context.Context, tokens []int) string {
+	if err := ctx.Err(); err != nil {
+		return w.fallback(machine.StepTokens, err, nil, 0)
+	}
 	tok := w.path(".tokens")
 	if err := provider.WriteTokens(tok, tokens); err != nil {
 		return w.fallback(machine.StepTokens, fmt.Errorf("cannot write the tokens file: %w", err), nil, 0)
@@ -271,6 +322,7 @@ func (w *work) file(ctx context.Context, tokens []int) string {
 	_, err = w.h.dec.Restore(actx, w.m.Slot(), state)
 	cancel()
 	if err != nil {
+		err = late(err, actx, ctx, "restore", w.h.cfg.ApplyTimeout)
 		return w.fallback(machine.StepRestore, err, nil, httpStatus(err))
 	}
 	w.fire(machine.EvRestore, machine.Attrs{NTokens: len(tokens), Cleanup: w.release()})
@@ -284,6 +336,9 @@ type received struct {
 
 func (w *work) shared(ctx context.Context, tokens []int) string {
 	cfg := w.h.cfg
+	if err := ctx.Err(); err != nil {
+		return w.fallback(machine.StepListen, err, nil, 0)
+	}
 	l, err := fdpass.Listen(cfg.SlotDir, w.stem)
 	if err != nil {
 		return w.fallback(machine.StepListen, err, nil, 0)
@@ -291,15 +346,20 @@ func (w *work) shared(ctx context.Context, tokens []int) string {
 	w.l = l
 	w.fire(machine.EvListen, machine.Attrs{})
 
+	// The receive ends at its deadline, with the run's ctx (client gone,
+	// drain), or when the share failed (rstop).
 	deadline := time.Now().Add(cfg.AcceptTimeout)
+	rctx, rstop := context.WithCancel(ctx)
+	defer rstop()
 	rc := make(chan received, 1)
-	go func() { rc <- w.receive(deadline) }()
+	go func() { rc <- w.receive(rctx, deadline) }()
 
 	sctx, cancel := context.WithTimeout(ctx, cfg.ShareTimeout)
 	rep, err := w.h.dec.Share(sctx, w.m.Slot(), l.Path())
 	cancel()
 	if err != nil {
-		l.Close() // unblocks Accept
+		err = late(err, sctx, ctx, "share", cfg.ShareTimeout)
+		rstop()
 		r := <-rc
 		if r.msg != nil {
 			w.msg = r.msg // closed (and counted) by fallback
@@ -322,6 +382,9 @@ func (w *work) shared(ctx context.Context, tokens []int) string {
 	w.msg = r.msg
 	w.fire(machine.EvShare, machine.Attrs{ShareID: rep.ShareID, NFDs: len(r.msg.Files), BytesMapped: regionBytes(&r.msg.Header)})
 
+	if err := ctx.Err(); err != nil {
+		return w.fallback(machine.StepTokens, err, nil, 0)
+	}
 	tok, layout := w.path(".tokens"), w.path(".json")
 	enc := provider.AppendTokens(make([]byte, 0, 2+6*len(tokens)), tokens) // file and adopt body
 	if err := provider.WriteTokensJSON(tok, enc); err != nil {
@@ -340,6 +403,7 @@ func (w *work) shared(ctx context.Context, tokens []int) string {
 	err = w.h.dec.AdoptJSON(actx, w.m.Slot(), enc, *rep.ShareID)
 	cancel()
 	if err != nil {
+		err = late(err, actx, ctx, "adopt", cfg.ApplyTimeout)
 		return w.fallback(machine.StepAdopt, err, nil, httpStatus(err))
 	}
 	w.fire(machine.EvAdopt, machine.Attrs{ShareID: rep.ShareID, NTokens: len(tokens), Cleanup: w.release()})
@@ -349,18 +413,30 @@ func (w *work) shared(ctx context.Context, tokens []int) string {
 var errWrongPeer = errors.New("the process that connected to the share socket is not the decoder")
 
 // receive accepts the decoder's connection, checks who it is and reads the
-// share message. On error no fd is left open.
-func (w *work) receive(deadline time.Time) received {
+// share message, until deadline or until ctx ends (then it closes the
+// listener or the connection to stop at once, and says so). On error no fd
+// is left open.
+func (w *work) receive(ctx context.Context, deadline time.Time) received {
+	stop := context.AfterFunc(ctx, func() { w.l.Close() }) // unblocks Accept
 	conn, err := w.l.Accept(deadline)
+	stop()
 	if err != nil {
-		return received{err: fmt.Errorf("the decoder did not send the share message: %w", err)}
+		if ctx.Err() != nil {
+			return received{err: fmt.Errorf("the share was abandoned before the decoder connected: %w", context.Cause(ctx))}
+		}
+		return received{err: err}
 	}
 	defer conn.Close()
+	stop = context.AfterFunc(ctx, func() { conn.Close() }) // unblocks Receive
+	defer stop()
 	if err := w.checkPeer(conn); err != nil {
 		return received{err: err}
 	}
 	msg, err := conn.Receive(deadline, w.h.cfg.MaxFDs)
 	if err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("the share was abandoned before the message arrived: %w", context.Cause(ctx))
+		}
 		return received{err: err}
 	}
 	return received{msg: msg}

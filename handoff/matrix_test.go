@@ -1,0 +1,456 @@
+package handoff
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/fdpass"
+	"github.com/onebitd/onebitd/internal/obtest"
+	"github.com/onebitd/onebitd/machine"
+	"github.com/onebitd/onebitd/provider"
+)
+
+// The fallback matrix (issue 9 item 5): every step of both routes × every
+// fault, through a real Handoff with real unix sockets, real memfds, an
+// in-process decoder that really connects (fakeDecoder) and the real
+// provider.Runner running this test binary as the provider. Each case
+// asserts behaviour only (the reason, the step, the cleanup counts on the
+// event, the HTTP status and provider exit, no file left in the slot dir, no
+// fd left in this process, exactly one fallback event and the machine in
+// fallback), so that it holds across a rewrite of the runner's internals.
+
+// nfds is how many region fds the fake decoder shares.
+const nfds = 3
+
+// noExit: the fallback event carries no provider_exit.
+const noExit = -100
+
+// Ways a client (or the daemon) cuts a handoff short, besides the decoder's
+// own hooks (clientLeaves, leaves).
+const (
+	goneBefore   = "before"   // the request's ctx is cancelled before Run
+	goneProvider = "provider" // the client leaves once the provider runs
+	drainInProv  = "drain"    // Drain once the provider runs
+)
+
+// clientGone is how every reason of a client that left starts (the
+// handlers use the same words).
+const clientGone = "the client went away"
+
+type fbCase struct {
+	name    string
+	file    bool // the file route (default: shared)
+	share   func(*fakeDecoder, context.Context, string) error
+	adopt   func(*fakeDecoder, context.Context) error
+	restore func(*fakeDecoder, context.Context) error
+	prov    string        // provider mode (default provOK)
+	noProv  bool          // the provider executable does not exist
+	provTO  time.Duration // Runner.Timeout (default 30s)
+	cfg     func(*Config)
+	setup   func(t *testing.T, dir, stem string)
+	cut     string // goneBefore, goneProvider, drainInProv
+
+	step   string
+	reason string // the fallback reason starts with it
+	status int
+	exit   int // provider_exit on the event, noExit for none
+	fds    int // cleanup.fds_closed
+	files  int // cleanup.files_removed
+}
+
+func fallbackCases() []fbCase {
+	ms := func(d time.Duration) func(*Config) {
+		return func(c *Config) { c.AcceptTimeout, c.ShareTimeout, c.ApplyTimeout = d, d, d }
+	}
+	tooLong := binary.LittleEndian.AppendUint32(nil, fdpass.MaxHeaderLen+1)
+	hdr := shareHeader(nfds)
+	truncated := append(binary.LittleEndian.AppendUint32(nil, uint32(len(hdr)+100)), hdr...)
+	beyond := strings.Replace(string(shareHeader(1)), `"offset":4096`, `"offset":2097152`, 1)
+	return []fbCase{
+		// listen
+		{name: "slot dir writable by others", setup: func(t *testing.T, dir, _ string) { chmod(t, dir, 0o777) },
+			step: machine.StepListen, reason: fdpass.ErrInsecureDir.Error(), exit: noExit},
+		{name: "client gone before the handoff", cut: goneBefore,
+			step: machine.StepListen, reason: clientGone, exit: noExit},
+
+		// share
+		{name: "share answers 501 (no shareable region)", share: answer(apiErr("share", 501, "not_supported_error", "no shareable region: the cache is recurrent")),
+			step: machine.StepShare, reason: "decoder answered share with 501 not_supported_error: no shareable region", status: 501, exit: noExit, files: 1},
+		{name: "share answers 400", share: answer(apiErr("share", 400, "invalid_request_error", "the socket path is not absolute")),
+			step: machine.StepShare, reason: "decoder answered share with 400", status: 400, exit: noExit, files: 1},
+		{name: "share answers 500", share: answer(apiErr("share", 500, "server_error", "mmap failed")),
+			step: machine.StepShare, reason: "decoder answered share with 500 server_error: mmap failed", status: 500, exit: noExit, files: 1},
+		{name: "share sends the message then answers 500", share: then(sendConsumed, apiErr("share", 500, "server_error", "late failure")),
+			step: machine.StepShare, reason: "decoder answered share with 500", status: 500, exit: noExit, fds: nfds, files: 1},
+		{name: "share does not answer in time", share: hangUntilDone, cfg: func(c *Config) { c.ShareTimeout = 200 * time.Millisecond },
+			step: machine.StepShare, reason: "the decoder did not answer the share request within 200ms", exit: noExit, files: 1},
+		{name: "socket removed by hand during share (not counted)", share: then(removeSocket, apiErr("share", 500, "server_error", "x")),
+			step: machine.StepShare, reason: "decoder answered share with 500", status: 500, exit: noExit, fds: nfds, files: 0},
+		{name: "client gone during share", share: clientLeaves("share"),
+			step: machine.StepShare, reason: clientGone, exit: noExit, files: 1},
+
+		// receive
+		{name: "decoder never connects (accept timeout)", share: noConnect, cfg: ms(200 * time.Millisecond),
+			step: machine.StepReceive, reason: fdpass.ErrAcceptTimeout.Error(), exit: noExit, files: 1},
+		{name: "decoder connects and sends nothing", share: connectSilent, cfg: ms(200 * time.Millisecond),
+			step: machine.StepReceive, reason: fdpass.ErrReceiveTimeout.Error(), exit: noExit, files: 1},
+		{name: "bad header (not JSON)", share: sendHeader(`{"version":1,"layout_hash":`),
+			step: machine.StepReceive, reason: fdpass.ErrBadHeader.Error(), exit: noExit, files: 1},
+		{name: "bad header (version 2)", share: sendHeader(`{"version":2,"layout_hash":"ab"}`),
+			step: machine.StepReceive, reason: fdpass.ErrVersion.Error(), exit: noExit, files: 1},
+		{name: "layout names an fd that was not sent", share: sendHeader(string(shareHeader(nfds + 1))),
+			step: machine.StepReceive, reason: fdpass.ErrRegion.Error(), exit: noExit, files: 1},
+		{name: "layout region beyond its memfd", share: sendHeader(beyond),
+			step: machine.StepReceive, reason: fdpass.ErrRegion.Error(), exit: noExit, files: 1},
+		{name: "truncated header", share: sendRaw(truncated),
+			step: machine.StepReceive, reason: fdpass.ErrShortMessage.Error(), exit: noExit, files: 1},
+		{name: "header larger than accepted", share: sendRaw(tooLong),
+			step: machine.StepReceive, reason: fdpass.ErrHeaderTooLarge.Error(), exit: noExit, files: 1},
+		{name: "too many fds (MSG_CTRUNC)", share: sendValid, cfg: func(c *Config) { c.MaxFDs = nfds - 1 },
+			step: machine.StepReceive, reason: fdpass.ErrCtrunc.Error(), exit: noExit, files: 1},
+		{name: "client gone while waiting for the message", share: clientLeavesAfter(connectSilent),
+			step: machine.StepReceive, reason: clientGone, exit: noExit, files: 1},
+		{name: "client gone before the decoder connects", share: clientLeavesAfter(noConnect),
+			step: machine.StepReceive, reason: clientGone, exit: noExit, files: 1},
+
+		// peer
+		{name: "peer pid is not the decoder's", cfg: func(c *Config) { c.PeerPID = func() int { return 1 } },
+			step: machine.StepPeer, reason: errWrongPeer.Error() + " (peer pid " + strconv.Itoa(os.Getpid()), exit: noExit, files: 1},
+		{name: "peer uid is not the decoder's", cfg: func(c *Config) { c.PeerPID = nil; c.PeerUID = os.Getuid() + 1 },
+			step: machine.StepPeer, reason: errWrongPeer.Error() + " (peer uid", exit: noExit, files: 1},
+		{name: "another process connects first", share: stranger,
+			step: machine.StepPeer, reason: errWrongPeer.Error() + " (peer pid", exit: noExit, files: 1},
+		{name: "another process connects first, share then fails", share: then(stranger, apiErr("share", 500, "server_error", "x")),
+			step: machine.StepPeer, reason: errWrongPeer.Error(), exit: noExit, files: 1},
+
+		// tokens
+		{name: "a tokens file is in the way", setup: func(t *testing.T, dir, stem string) { touch(t, dir, stem+".tokens") },
+			step: machine.StepTokens, reason: "cannot write the tokens file", exit: noExit, fds: nfds, files: 2},
+		{name: "a layout file is in the way", setup: func(t *testing.T, dir, stem string) { touch(t, dir, stem+".json") },
+			step: machine.StepTokens, reason: "cannot write the layout file", exit: noExit, fds: nfds, files: 3},
+
+		// provider
+		{name: "provider exits 3", prov: provFail,
+			step: machine.StepProvider, reason: "provider exited with status 3: " + helperStderr, exit: 3, fds: nfds, files: 3},
+		{name: "provider times out", prov: provHang, provTO: 300 * time.Millisecond,
+			step: machine.StepProvider, reason: "provider timed out after 300ms (process group killed)", exit: -1, fds: nfds, files: 3},
+		{name: "provider writes the regions, then fails", prov: provWriteFail,
+			step: machine.StepProvider, reason: "provider exited with status 1: wrote the regions, then lost the device", exit: 1, fds: nfds, files: 3},
+		{name: "provider cannot start", noProv: true,
+			step: machine.StepProvider, reason: "provider could not start", exit: -1, fds: nfds, files: 3},
+		{name: "client gone while the provider runs", prov: provHang, cut: goneProvider,
+			step: machine.StepProvider, reason: clientGone, exit: -1, fds: nfds, files: 3},
+		{name: "onebitd drains while the provider runs", prov: provHang, cut: drainInProv,
+			step: machine.StepProvider, reason: ErrDraining.Error(), exit: -1, fds: nfds, files: 3},
+
+		// adopt
+		{name: "adopt refuses the share_id (400)", adopt: refuse(apiErr("adopt", 400, "invalid_request_error", "share_id 1 is not the last share of slot 0")),
+			step: machine.StepAdopt, reason: "decoder answered adopt with 400 invalid_request_error: share_id 1", status: 400, exit: noExit, fds: nfds, files: 3},
+		{name: "adopt answers 500", adopt: refuse(apiErr("adopt", 500, "server_error", "x")),
+			step: machine.StepAdopt, reason: "decoder answered adopt with 500", status: 500, exit: noExit, fds: nfds, files: 3},
+		{name: "adopt does not answer in time", adopt: lateAnswer("adopt"), cfg: func(c *Config) { c.ApplyTimeout = 200 * time.Millisecond },
+			step: machine.StepAdopt, reason: "the decoder did not answer the adopt request within 200ms", exit: noExit, fds: nfds, files: 3},
+		{name: "client gone during adopt", adopt: leaves("adopt"),
+			step: machine.StepAdopt, reason: clientGone, exit: noExit, fds: nfds, files: 3},
+
+		// file route
+		{name: "file: a tokens file is in the way", file: true, setup: func(t *testing.T, dir, stem string) { touch(t, dir, stem+".tokens") },
+			step: machine.StepTokens, reason: "cannot write the tokens file", exit: noExit, files: 1},
+		{name: "file: client gone before the handoff", file: true, cut: goneBefore,
+			step: machine.StepTokens, reason: clientGone, exit: noExit},
+		{name: "file: provider exits 3", file: true, prov: provFail,
+			step: machine.StepProvider, reason: "provider exited with status 3: " + helperStderr, exit: 3, files: 1},
+		{name: "file: provider times out (its .tmp removed)", file: true, prov: provHang, provTO: 300 * time.Millisecond,
+			step: machine.StepProvider, reason: "provider timed out after 300ms (process group killed)", exit: -1, files: 2},
+		{name: "file: provider writes part of the state, then fails", file: true, prov: provWriteFail,
+			step: machine.StepProvider, reason: "provider exited with status 1: wrote the regions, then lost the device", exit: 1, files: 2},
+		{name: "file: provider cannot start", file: true, noProv: true,
+			step: machine.StepProvider, reason: "provider could not start", exit: -1, files: 1},
+		{name: "file: client gone while the provider runs", file: true, prov: provHang, cut: goneProvider,
+			step: machine.StepProvider, reason: clientGone, exit: -1, files: 2},
+		{name: "file: restore refused (400)", file: true, restore: refuse(apiErr("restore", 400, "invalid_request_error", "failed to restore slot state")),
+			step: machine.StepRestore, reason: "decoder answered restore with 400 invalid_request_error: failed to restore", status: 400, exit: noExit, files: 2},
+		{name: "file: restore answers 500", file: true, restore: refuse(apiErr("restore", 500, "server_error", "x")),
+			step: machine.StepRestore, reason: "decoder answered restore with 500", status: 500, exit: noExit, files: 2},
+		{name: "file: restore does not answer in time", file: true, restore: lateAnswer("restore"), cfg: func(c *Config) { c.ApplyTimeout = 200 * time.Millisecond },
+			step: machine.StepRestore, reason: "the decoder did not answer the restore request within 200ms", exit: noExit, files: 2},
+		{name: "file: client gone during restore", file: true, restore: leaves("restore"),
+			step: machine.StepRestore, reason: clientGone, exit: noExit, files: 2},
+	}
+}
+
+// TestFallbackMatrix runs every case of fallbackCases. The cases run one at
+// a time: "no fd left" is counted on /proc/self/fd, which is the whole
+// process's.
+func TestFallbackMatrix(t *testing.T) {
+	warmUp(t)
+	for _, tc := range fallbackCases() {
+		t.Run(tc.name, func(t *testing.T) { runFallback(t, tc) })
+	}
+}
+
+// rig is one case's handoff: slot dir, decoder, provider, machine.
+type rig struct {
+	dir, pidFile string
+	dec          *fakeDecoder
+	h            *Handoff
+	m            *machine.Machine
+	ev           *event.Mem
+	ctx          context.Context
+	cancel       context.CancelFunc
+}
+
+func newRig(t *testing.T, file bool, prov string, noProv bool, provTO time.Duration, cfgFn func(*Config)) *rig {
+	t.Helper()
+	r := &rig{dir: shortDir(t), pidFile: filepath.Join(t.TempDir(), "provider.pid"), ev: &event.Mem{}}
+	r.dec = newFakeDecoder(t, nfds, r.dir)
+	t.Cleanup(r.dec.close)
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	t.Cleanup(r.cancel)
+	r.dec.cancel = r.cancel
+	cfg := Config{SlotDir: r.dir, Model: "m.gguf", Share: !file,
+		AcceptTimeout: 30 * time.Second, ShareTimeout: 30 * time.Second, ApplyTimeout: 30 * time.Second,
+		CheckPeerCreds: true, PeerPID: os.Getpid}
+	if cfgFn != nil {
+		cfgFn(&cfg)
+	}
+	if prov == "" {
+		prov = provOK
+	}
+	if provTO == 0 {
+		provTO = 30 * time.Second
+	}
+	run := &provider.Runner{Path: os.Args[0], Args: []string{"-helper", prov, r.pidFile}, Timeout: provTO}
+	if noProv {
+		run.Path = filepath.Join(t.TempDir(), "no-such-provider")
+	}
+	r.h = NewHandoff(cfg, r.dec, run, nil)
+	route := machine.RouteShared
+	if file {
+		route = machine.RouteFile
+	}
+	r.m = machine.New(NewRequestID(), 0, route, r.ev, nil)
+	return r
+}
+
+var testTokens = func() []int {
+	toks := make([]int, 300)
+	for i := range toks {
+		toks[i] = 1000 + i%97
+	}
+	return toks
+}()
+
+func runFallback(t *testing.T, tc fbCase) {
+	r := newRig(t, tc.file, tc.prov, tc.noProv, tc.provTO, tc.cfg)
+	r.dec.share, r.dec.adoptErr, r.dec.restoreErr = tc.share, tc.adopt, tc.restore
+	if tc.setup != nil {
+		tc.setup(t, r.dir, r.m.ID())
+	}
+	base := fdCount(t)
+
+	cutDone := make(chan struct{})
+	switch tc.cut {
+	case goneBefore:
+		r.cancel()
+		close(cutDone)
+	case goneProvider, drainInProv:
+		cut := r.cancel
+		if tc.cut == drainInProv {
+			cut = r.h.Drain
+		}
+		go func() {
+			defer close(cutDone)
+			waitFile(r.pidFile, 20*time.Second) // the provider runs
+			cut()
+		}()
+	default:
+		close(cutDone)
+	}
+	reason := r.h.Run(r.ctx, r.m, testTokens)
+	<-cutDone
+
+	checkFallback(t, r, tc.step, reason)
+	ev := lastEvent(r.ev)
+	if !strings.HasPrefix(reason, tc.reason) {
+		t.Errorf("reason %q\n  want it to start with %q", reason, tc.reason)
+	}
+	if ev.HTTPStatus != tc.status {
+		t.Errorf("http_status %d, want %d", ev.HTTPStatus, tc.status)
+	}
+	switch {
+	case tc.exit == noExit && ev.ProviderExit != nil:
+		t.Errorf("provider_exit %d, want none", *ev.ProviderExit)
+	case tc.exit != noExit && (ev.ProviderExit == nil || *ev.ProviderExit != tc.exit):
+		t.Errorf("provider_exit %v, want %d", ev.ProviderExit, tc.exit)
+	}
+	if c := ev.Cleanup; c.FDsClosed != tc.fds || c.FilesRemoved != tc.files {
+		t.Errorf("cleanup fds_closed %d files_removed %d, want %d and %d", c.FDsClosed, c.FilesRemoved, tc.fds, tc.files)
+	}
+	if len(r.dec.adopted)+len(r.dec.restored) != 0 {
+		t.Errorf("the decoder adopted %v / restored %v on a fallback", r.dec.adopted, r.dec.restored)
+	}
+	if tc.prov == provHang {
+		// The §2 invariant: the provider's process group is dead before
+		// the request is forwarded.
+		pid := readPID(t, r.pidFile)
+		if !obtest.Gone(pid) {
+			t.Errorf("provider %d still runs after the fallback", pid)
+		}
+	}
+	r.dec.closeHeld()
+	checkNoFDLeft(t, base)
+}
+
+// checkFallback asserts what every fallback has in common: the reason is
+// on exactly one fallback event, the last one, with the step and cleanup;
+// the machine is in fallback; the slot dir is empty.
+func checkFallback(t *testing.T, r *rig, step, reason string) {
+	t.Helper()
+	if reason == "" {
+		t.Fatalf("the handoff succeeded; events %+v", r.ev.Events())
+	}
+	if r.m.State() != machine.Fallback || r.m.Route() != machine.RouteFallback {
+		t.Errorf("machine in %s on route %s, want fallback", r.m.State(), r.m.Route())
+	}
+	n := 0
+	for _, e := range r.ev.Events() {
+		if e.Event == string(machine.EvFallback) {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d fallback events, want 1: %+v", n, r.ev.Events())
+	}
+	ev := lastEvent(r.ev)
+	if ev.Event != string(machine.EvFallback) || ev.Reason != reason || ev.Step != step {
+		t.Errorf("last event %s step %q reason %q; want fallback at step %q with the returned reason %q", ev.Event, ev.Step, ev.Reason, step, reason)
+	}
+	if ev.Cleanup == nil {
+		t.Fatalf("the fallback event has no cleanup")
+	}
+	checkEmptyDir(t, r.dir)
+}
+
+func lastEvent(m *event.Mem) event.Event {
+	evs := m.Events()
+	if len(evs) == 0 {
+		return event.Event{}
+	}
+	return evs[len(evs)-1]
+}
+
+func checkEmptyDir(t *testing.T, dir string) {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		t.Errorf("left in the slot dir: %s", e.Name())
+	}
+}
+
+// checkNoFDLeft waits (bounded) for the fd count to come back to base: a
+// leak never does.
+func checkNoFDLeft(t *testing.T, base int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for fdCount(t) != base {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d fds open, %d before the handoff:\n%s", fdCount(t), base, fdList(t))
+		}
+		time.Sleep(5 * time.Millisecond) // polling interval
+	}
+}
+
+// fdCount is the number of open fds of this process.
+func fdCount(t testing.TB) int {
+	t.Helper()
+	es, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(es)
+}
+
+func fdList(t testing.TB) string {
+	es, _ := os.ReadDir("/proc/self/fd")
+	var b strings.Builder
+	for _, e := range es {
+		l, _ := os.Readlink("/proc/self/fd/" + e.Name())
+		fmt.Fprintf(&b, "  %s -> %s\n", e.Name(), l)
+	}
+	return b.String()
+}
+
+// warmUp runs one handoff of each route so that what the runtime opens once
+// (the poller, a pidfd probe) is open before the cases count fds.
+func warmUp(t *testing.T) {
+	for _, file := range []bool{false, true} {
+		r := newRig(t, file, provOK, false, 0, nil)
+		if reason := r.h.Run(r.ctx, r.m, testTokens); reason != "" {
+			t.Fatalf("warm-up handoff fell back: %s", reason)
+		}
+	}
+}
+
+// waitFile polls (bounded) until path exists; the caller's assertions fail
+// if it never does.
+func waitFile(path string, timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for delay := time.Millisecond; time.Now().Before(deadline); delay = min(2*delay, 20*time.Millisecond) {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		time.Sleep(delay) // polling interval
+	}
+}
+
+func readPID(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the provider's pid file: %v", err)
+	}
+	pid, err := strconv.Atoi(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// shortDir is a new slot dir whose socket paths fit sockaddr_un whatever
+// the test's name (t.TempDir's paths carry it).
+func shortDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "ho")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+func chmod(t *testing.T, path string, mode os.FileMode) {
+	t.Helper()
+	if err := os.Chmod(path, mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func touch(t *testing.T, dir, name string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, name), []byte("in the way"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
