@@ -24,24 +24,26 @@
 //
 // # Job
 //
-//		{"version": 1, "route": "shared", "tokens": [1, 2, 3], "model": "/m.gguf",
-//		 "start": 0, "layout": {…the share header of DESIGN §3, verbatim…}}
-//		{"version": 1, "route": "file", "tokens": [1, 2, 3], "model": "/m.gguf",
-//		 "state": "/slots/x.bin"}
+//	{"version": 1, "route": "shared", "tokens": [1, 2, 3], "model": "/m.gguf",
+//	 "start": 0, "layout": {…the share header of DESIGN §3, verbatim…}}
+//	{"version": 1, "route": "file", "tokens": [1, 2, 3], "model": "/m.gguf",
+//	 "state": "/slots/x.bin"}
 //
-//	  - version: Version (1); any other value is ErrVersion.
-//	  - route: "shared" (fds and layout, no state) or "file" (state, no fds,
-//	    no layout, start 0).
-//	  - tokens: the prompt, 1..MaxTokens ids, each in [0, 2^31).
-//	  - model: the model path, non-empty.
-//	  - start: shared route only, 0..len(tokens): cells 0..start-1 of the
-//	    slot already hold the prompt's first tokens (DESIGN §2b); the provider
-//	    prefills start..len(tokens)-1. Absent means 0.
-//	  - layout: shared route, the share header JSON object exactly as the
-//	    decoder sent it (fd_index i is the job's i-th fd). provjob checks only
-//	    that it is an object of at most MaxLayoutLen bytes; the provider
-//	    validates it against the fds it received.
-//	  - state: file route, the absolute path of the state file to write.
+// Fields:
+//
+//   - version: Version (1); any other value is ErrVersion.
+//   - route: "shared" (fds and layout, no state) or "file" (state, no fds,
+//     no layout, start 0).
+//   - tokens: the prompt, 1..MaxTokens ids, each in [0, 2^31).
+//   - model: the model path, non-empty.
+//   - start: shared route only, 0..len(tokens): cells 0..start-1 of the
+//     slot already hold the prompt's first tokens (DESIGN §2b); the provider
+//     prefills start..len(tokens)-1. Absent means 0.
+//   - layout: shared route, the share header JSON object exactly as the
+//     decoder sent it (fd_index i is the job's i-th fd). provjob checks only
+//     that it is an object of at most MaxLayoutLen bytes; the provider
+//     validates it against the fds it received.
+//   - state: file route, the absolute path of the state file to write.
 //
 // Keys match exactly (no case folding); unknown keys are refused
 // (ErrBadJob: a new field needs a new version); a repeated key keeps its
