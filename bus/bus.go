@@ -32,6 +32,18 @@ var (
 	ErrServerNotReady = errors.New("bus: embedded nats server not ready for connections")
 	// ErrClosed: the bus was closed.
 	ErrClosed = errors.New("bus: closed")
+	// ErrNotAnEvent: a stream message's payload is not an event (StreamEvents
+	// yields it and goes on). A reader can cause one: docs/security.md.
+	ErrNotAnEvent = errors.New("bus: stream message is not an event")
+	// ErrCreds: a credentials file (--nats-creds, --nats-nkey, or the
+	// embedded server's seed files) cannot be read, written or parsed.
+	ErrCreds = errors.New("bus: cannot use NATS credentials")
+	// ErrCredsMode: a seed file of the embedded server can be read or
+	// written by other users.
+	ErrCredsMode = errors.New("bus: NATS credentials file is open to other users")
+	// ErrClientFlagsEmbedded: --nats-creds, --nats-nkey or --nats-tls-ca
+	// given without --nats-url (the embedded server makes its own).
+	ErrClientFlagsEmbedded = errors.New("bus: --nats-creds, --nats-nkey and --nats-tls-ca are for an external server (--nats-url)")
 )
 
 // Defaults.
@@ -67,12 +79,22 @@ const (
 )
 
 // Config says where events go. The zero value (plus a Node) runs an embedded
-// server listening on DefaultListen, without JetStream.
+// server listening on DefaultListen, without JetStream, that admits only
+// its two identities (keys in memory when StateDir is empty).
 type Config struct {
 	URLs      string // --nats-url: comma-separated; empty ⇒ embedded server
 	Listen    string // --nats-listen for the embedded server: host:port, "off", port 0/-1 = random
 	JetStream bool   // --jetstream: create or bind stream ONEBIT on "onebit.>"
 	StoreDir  string // JetStream store of the embedded server (under the state dir)
+	// StateDir (--state-dir) holds the embedded server's identities,
+	// DaemonCredsFile and ReaderCredsFile (0600, created on first start).
+	// Empty: the keys live in memory and only this process can connect.
+	StateDir string
+	// External server (--nats-url) only: the daemon's identity and the CA
+	// of the server's TLS certificate. See Client for the file formats.
+	CredsFile string // --nats-creds
+	NKeyFile  string // --nats-nkey
+	TLSCA     string // --nats-tls-ca
 	Node      string // this daemon's node name (subject token and Nats-Msg-Id prefix)
 	QueueSize int    // async publish queue; 0 ⇒ DefaultQueueSize
 	// ReconnectBufSize is nats.go's buffer while reconnecting (bytes);
@@ -105,11 +127,12 @@ type item struct {
 
 // Bus publishes events on NATS without ever blocking its callers.
 type Bus struct {
-	cfg Config
-	log *slog.Logger
-	srv *server.Server // nil when connected to an external server
-	nc  *nats.Conn
-	js  jetstream.JetStream // nil without --jetstream
+	cfg   Config
+	log   *slog.Logger
+	srv   *server.Server // nil when connected to an external server
+	creds *credentials   // the embedded server's identities
+	nc    *nats.Conn
+	js    jetstream.JetStream // nil without --jetstream
 
 	streamReady atomic.Bool
 	streamCheck chan struct{} // external JetStream: a reconnect asks keepStream to check the stream
@@ -158,22 +181,32 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 	}
 	var err error
 	if cfg.URLs == "" {
-		if b.srv, err = startServer(&b.cfg); err != nil {
+		if set := cfg.credsFlagsSet(); len(set) > 0 {
+			return nil, fmt.Errorf("%w (given: %s)", ErrClientFlagsEmbedded, strings.Join(set, ", "))
+		}
+		if b.creds, err = loadOrCreateCredentials(cfg.StateDir); err != nil {
 			return nil, err
 		}
-		b.nc, err = nats.Connect("", append(b.natsOptions(), nats.InProcessServer(b.srv))...)
+		if b.srv, err = startServer(&b.cfg, b.creds); err != nil {
+			return nil, err
+		}
+		b.nc, err = nats.Connect("", append(b.natsOptions(), nats.InProcessServer(b.srv), b.creds.daemon.option())...)
 		if err != nil {
 			b.shutdownServer()
 			return nil, fmt.Errorf("bus: connect in-process to the embedded server: %w", err)
 		}
 		b.log.Info("nats embedded server ready", logKeyURL, b.ClientURL())
 	} else {
+		auth, err := authOptions(cfg.CredsFile, cfg.NKeyFile, cfg.TLSCA)
+		if err != nil {
+			return nil, err
+		}
 		b.bo = backoff.NewExponentialBackOff(
 			backoff.WithInitialInterval(reconnectMin),
 			backoff.WithMaxInterval(reconnectMax),
 			backoff.WithRandomizationFactor(0.5),
 			backoff.WithMaxElapsedTime(0))
-		opts := append(b.natsOptions(),
+		opts := append(append(b.natsOptions(), auth...),
 			nats.MaxReconnects(-1),
 			nats.RetryOnFailedConnect(true),
 			nats.CustomReconnectDelay(b.reconnectDelay),
@@ -434,25 +467,33 @@ func (b *Bus) ClientURL() string {
 	return b.srv.ClientURL()
 }
 
-// InProcessConn opens a new client connection to the bus's server:
-// in-process for the embedded server, else to the configured URLs. The
-// caller closes it.
+// InProcessConn opens a new client connection to the bus's server: to the
+// embedded server in-process, as its reader identity (subscribe, no
+// publish on onebit.>); else to the configured URLs with the daemon's
+// credentials. The caller closes it.
 func (b *Bus) InProcessConn() (*nats.Conn, error) {
 	if b.closed.Load() {
 		return nil, ErrClosed
 	}
 	if b.srv != nil {
-		nc, err := nats.Connect("", nats.InProcessServer(b.srv), nats.Name("onebitd in-process"))
+		nc, err := nats.Connect("", nats.InProcessServer(b.srv), nats.Name("onebitd in-process"), b.creds.reader.option())
 		if err != nil {
 			return nil, fmt.Errorf("bus: in-process connection: %w", err)
 		}
 		return nc, nil
 	}
-	nc, err := nats.Connect(b.cfg.URLs, nats.Name("onebitd client"))
-	if err != nil {
-		return nil, fmt.Errorf("bus: connect to %s: %w", redactURLs(b.cfg.URLs), err)
+	return Client{URLs: b.cfg.URLs, CredsFile: b.cfg.CredsFile, NKeyFile: b.cfg.NKeyFile, TLSCA: b.cfg.TLSCA,
+		Name: "onebitd client"}.Connect()
+}
+
+// ReaderCreds is the reader's seed file of the embedded server (for
+// `onebitd watch --nats-creds`), or "" (an external server, or no state
+// dir).
+func (b *Bus) ReaderCreds() string {
+	if b.creds == nil {
+		return ""
 	}
-	return nc, nil
+	return b.creds.reader.path
 }
 
 // Stats returns the counters.

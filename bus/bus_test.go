@@ -36,12 +36,20 @@ func openBus(t testing.TB, cfg Config) *Bus {
 	if cfg.Node == "" {
 		cfg.Node = "node-a"
 	}
+	if cfg.URLs == "" && cfg.StateDir == "" {
+		cfg.StateDir = t.TempDir()
+	}
 	b, err := Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("Open(%+v): %v", cfg, err)
 	}
 	t.Cleanup(func() { _ = b.Close() })
 	return b
+}
+
+// readerClient connects to b's embedded server as its reader.
+func readerClient(b *Bus) Client {
+	return Client{URLs: b.ClientURL(), CredsFile: b.ReaderCreds(), Name: "test reader"}
 }
 
 // startNATS runs a standalone nats-server in this process, standing for an
@@ -160,7 +168,7 @@ func TestEmitDeliveredInOrder(t *testing.T) {
 				if !strings.HasPrefix(b.ClientURL(), "nats://127.0.0.1:") {
 					t.Fatalf("ClientURL = %q", b.ClientURL())
 				}
-				nc, err = nats.Connect(b.ClientURL())
+				nc, err = readerClient(b).Connect()
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -201,7 +209,7 @@ func TestEventSubjects(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	c := subscribe(t, nc, ">")
+	c := subscribe(t, nc, "onebit.>")
 	evs := []struct {
 		e    event.Event
 		want string

@@ -13,8 +13,14 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 )
 
-// DefaultListen is where the embedded server listens unless told otherwise.
-const DefaultListen = "127.0.0.1:4222"
+// DefaultListen is where the embedded server listens unless told otherwise
+// (--nats-listen), and DefaultURL where clients (watch, replay --stream)
+// look for it unless told otherwise (--nats-url). The one place this
+// address is written.
+const (
+	DefaultListen = "127.0.0.1:4222"
+	DefaultURL    = "nats://" + DefaultListen
+)
 
 // ListenOff is the --nats-listen value for an in-process-only server.
 const ListenOff = "off"
@@ -52,9 +58,9 @@ func parseListen(s string) (host string, port int, dontListen bool, err error) {
 	return h, port, false, nil
 }
 
-// startServer starts the embedded nats-server described by cfg and waits
-// until it accepts connections.
-func startServer(cfg *Config) (*server.Server, error) {
+// startServer starts the embedded nats-server described by cfg, admitting
+// only the identities of creds, and waits until it accepts connections.
+func startServer(cfg *Config, creds *credentials) (*server.Server, error) {
 	host, port, dontListen, err := parseListen(cfg.Listen)
 	if err != nil {
 		return nil, err
@@ -65,6 +71,7 @@ func startServer(cfg *Config) (*server.Server, error) {
 		Port:       port,
 		DontListen: dontListen,
 		NoSigs:     true,
+		Nkeys:      creds.serverUsers(),
 	}
 	if cfg.JetStream {
 		if cfg.StoreDir == "" {

@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -145,15 +146,19 @@ const (
 
 // StreamEvents reads stream from its first message to the last one present
 // when it is called (an ordered consumer, nothing acknowledged or left
-// behind on the server), decoding each payload as an event. A payload that
-// is not an event yields a non-nil error naming its stream sequence, and
-// iteration goes on if the consumer wants; a connection or consumer error
-// ends it.
-func StreamEvents(ctx context.Context, urls, stream string) func(yield func(event.Event, error) bool) {
+// behind on the server), decoding each payload as an event. It connects as
+// c says (the reader identity is enough). A payload that is not an event
+// yields a non-nil error naming its stream sequence, and iteration goes on
+// if the consumer wants; a connection or consumer error ends it.
+func StreamEvents(ctx context.Context, c Client, stream string) func(yield func(event.Event, error) bool) {
 	return func(yield func(event.Event, error) bool) {
-		nc, err := nats.Connect(urls, nats.Name("onebitd replay"))
+		if c.Name == "" {
+			c.Name = "onebitd replay"
+		}
+		urls := cmp.Or(c.URLs, DefaultURL)
+		nc, err := c.Connect()
 		if err != nil {
-			yield(event.Event{}, fmt.Errorf("bus: connect to %s: %w", redactURLs(urls), err))
+			yield(event.Event{}, err)
 			return
 		}
 		defer nc.Close()
@@ -197,7 +202,7 @@ func StreamEvents(ctx context.Context, urls, stream string) func(yield func(even
 				}
 				e, err := event.Parse(m.Data())
 				if err != nil {
-					err = fmt.Errorf("bus: %s message %d on %s is not an event: %w", stream, meta.Sequence.Stream, m.Subject(), err)
+					err = fmt.Errorf("%w: %s message %d on %s: %w", ErrNotAnEvent, stream, meta.Sequence.Stream, m.Subject(), err)
 					if !yield(event.Event{}, err) {
 						cancel()
 						return

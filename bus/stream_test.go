@@ -34,13 +34,13 @@ func streamInfo(t *testing.T, nc *nats.Conn) *jetstream.StreamInfo {
 	return info
 }
 
-func readAll(t *testing.T, url, stream string) ([]event.Event, []error) {
+func readAll(t *testing.T, c Client, stream string) ([]event.Event, []error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var evs []event.Event
 	var errs []error
-	for e, err := range StreamEvents(ctx, url, stream) {
+	for e, err := range StreamEvents(ctx, c, stream) {
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -94,7 +94,7 @@ func TestJetStreamEmbedded(t *testing.T) {
 		t.Fatalf("stream holds %d messages after duplicates, want %d", got, n)
 	}
 
-	got, errs := readAll(t, b.ClientURL(), StreamName)
+	got, errs := readAll(t, readerClient(b), StreamName)
 	if len(errs) != 0 {
 		t.Fatalf("StreamEvents errors: %v", errs)
 	}
@@ -127,7 +127,7 @@ func TestJetStreamSurvivesRestart(t *testing.T) {
 		b2.Emit(testEvent("node-a", "boot2", i))
 	}
 	obtest.WaitFor(t, 10*time.Second, "acks", func() bool { return b2.Stats().Published == 5 })
-	got, errs := readAll(t, b2.ClientURL(), StreamName)
+	got, errs := readAll(t, readerClient(b2), StreamName)
 	if len(errs) != 0 || len(got) != 25 {
 		t.Fatalf("read %d events (errors %v), want 25", len(got), errs)
 	}
@@ -140,11 +140,11 @@ func TestStreamEventsEdges(t *testing.T) {
 	b := openBus(t, Config{Listen: "127.0.0.1:0", JetStream: true, StoreDir: t.TempDir()})
 
 	// Empty stream: nothing, no error.
-	if got, errs := readAll(t, b.ClientURL(), StreamName); len(got) != 0 || len(errs) != 0 {
+	if got, errs := readAll(t, readerClient(b), StreamName); len(got) != 0 || len(errs) != 0 {
 		t.Fatalf("empty stream: %d events, errors %v", len(got), errs)
 	}
 	// Unknown stream: one error.
-	_, errs := readAll(t, b.ClientURL(), "NOPE")
+	_, errs := readAll(t, readerClient(b), "NOPE")
 	if len(errs) != 1 || !errors.Is(errs[0], jetstream.ErrStreamNotFound) {
 		t.Fatalf("unknown stream: errors %v", errs)
 	}
@@ -153,16 +153,16 @@ func TestStreamEventsEdges(t *testing.T) {
 	b.Publish("onebit.node-a.junk", []byte("not json"))
 	b.Emit(testEvent("node-a", "boot1", 1))
 	obtest.WaitFor(t, 10*time.Second, "acks", func() bool { return b.Stats().Published == 3 })
-	got, errs := readAll(t, b.ClientURL(), StreamName)
+	got, errs := readAll(t, readerClient(b), StreamName)
 	if len(got) != 2 || len(errs) != 1 {
 		t.Fatalf("mixed stream: %d events, errors %v; want 2 and 1", len(got), errs)
 	}
 	// Stopping early works and leaves nothing behind.
-	for range StreamEvents(context.Background(), b.ClientURL(), StreamName) {
+	for range StreamEvents(context.Background(), readerClient(b), StreamName) {
 		break
 	}
 	// Unreachable server: one error.
-	_, errs = readAll(t, "nats://127.0.0.1:1", StreamName)
+	_, errs = readAll(t, Client{URLs: "nats://127.0.0.1:1"}, StreamName)
 	if len(errs) != 1 {
 		t.Fatalf("unreachable: errors %v", errs)
 	}
@@ -185,7 +185,7 @@ func TestJetStreamExternalDownAtStart(t *testing.T) {
 		b.Emit(testEvent("node-a", "boot1", i))
 	}
 	obtest.WaitFor(t, 10*time.Second, "acks", func() bool { return b.Stats().Published == 10 })
-	got, errs := readAll(t, url, StreamName)
+	got, errs := readAll(t, Client{URLs: url}, StreamName)
 	if len(got) != 10 || len(errs) != 0 {
 		t.Fatalf("read %d events, errors %v", len(got), errs)
 	}
@@ -237,7 +237,7 @@ func TestJetStreamExternalDiesAndComesBack(t *testing.T) {
 				m, err := s.GetLastMsgForSubject(context.Background(), StreamSubjects)
 				return err == nil && strings.Contains(string(m.Data), `"boot":"after"`)
 			})
-			got, errs := readAll(t, url, StreamName)
+			got, errs := readAll(t, Client{URLs: url}, StreamName)
 			if len(errs) != 0 {
 				t.Fatalf("read back: %v", errs)
 			}

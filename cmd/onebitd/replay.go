@@ -18,13 +18,15 @@ import (
 
 	"github.com/mattn/go-isatty"
 
+	"github.com/onebitd/onebitd/bus"
 	"github.com/onebitd/onebitd/event"
 	"github.com/onebitd/onebitd/eventlog"
 	"github.com/onebitd/onebitd/machine"
 )
 
 const replayUsage = `usage: onebitd replay [--request ID] [--failed] [--json] FILE...
-       onebitd replay [--request ID] [--failed] [--json] --nats-url URLS --stream ONEBIT
+       onebitd replay [--request ID] [--failed] [--json] --stream ONEBIT [--nats-url URLS]
+              [--nats-creds FILE | --nats-nkey FILE] [--nats-tls-ca FILE]
 
 Rebuilds every request's state machine from event logs (or a JetStream
 stream), prints timelines and audits the handoff rules (eventlog/doc.go).
@@ -33,16 +35,14 @@ stream), prints timelines and audits the handoff rules (eventlog/doc.go).
   --request ID   only that request's timeline
   --failed       only fallbacks and failed requests: reason and failing step
   --json         the selected events as JSON lines, then {"report": ...}
+  --stream NAME  read JetStream stream NAME (ONEBIT) instead of files, from
+                 --nats-url (default ` + bus.DefaultURL + `) as --nats-creds or
+                 --nats-nkey (default ./onebitd-state/` + bus.ReaderCredsFile + ` if present)
 
 Exit status: 0 audit passed (a torn last line is only a warning), 1 a rule
 was violated (each violation names the request and the rule) or the request
 asked for is not in the log, 2 usage or read error.
 `
-
-// streamSource reads the events of a JetStream stream (an
-// iter.Seq2[event.Event, error]); it is set where the NATS bus is linked in:
-// `streamSource = bus.StreamEvents`. Nil: not built.
-var streamSource func(ctx context.Context, urls, stream string) func(yield func(event.Event, error) bool)
 
 // progressMinBytes: below this, logs replay too fast for a progress bar.
 const progressMinBytes = 64 << 20
@@ -54,9 +54,10 @@ func replayMain(args []string) int {
 }
 
 type replayConfig struct {
-	request, natsURL, stream string
-	failed, json             bool
-	files                    []string
+	request, stream string
+	failed, json    bool
+	files           []string
+	nats            *natsFlags
 }
 
 // parseReplayArgs parses flags anywhere among the file names.
@@ -68,7 +69,7 @@ func parseReplayArgs(args []string, stderr io.Writer) (replayConfig, error) {
 	fs.StringVar(&c.request, "request", "", "print only this request's timeline")
 	fs.BoolVar(&c.failed, "failed", false, "print only fallbacks and failed requests")
 	fs.BoolVar(&c.json, "json", false, "JSON lines output")
-	fs.StringVar(&c.natsURL, "nats-url", "", "read a JetStream stream from these NATS servers")
+	c.nats = addNATSFlags(fs, bus.DefaultURL)
 	fs.StringVar(&c.stream, "stream", "", "the JetStream stream (ONEBIT)")
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -83,11 +84,11 @@ func parseReplayArgs(args []string, stderr io.Writer) (replayConfig, error) {
 	switch {
 	case c.request != "" && c.failed:
 		return c, errors.New("--request and --failed do not go together")
-	case (c.natsURL == "") != (c.stream == ""):
-		return c, errors.New("--nats-url and --stream go together")
-	case c.natsURL != "" && len(c.files) > 0:
-		return c, errors.New("give log files or --nats-url/--stream, not both")
-	case c.natsURL == "" && len(c.files) == 0:
+	case c.stream == "" && len(c.nats.set()) > 0:
+		return c, fmt.Errorf("%s and --stream go together", strings.Join(c.nats.set(), ", "))
+	case c.stream != "" && len(c.files) > 0:
+		return c, errors.New("give log files or --stream, not both")
+	case c.stream == "" && len(c.files) == 0:
 		return c, errors.New("no log file given")
 	}
 	return c, nil
@@ -107,12 +108,9 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer, tty
 
 	var src eventlog.Source
 	var total int64
-	if c.natsURL != "" {
-		if streamSource == nil {
-			fmt.Fprintln(stderr, "onebitd replay: reading a JetStream stream (--nats-url, --stream) is not built yet")
-			return 2
-		}
-		src = fromStream(c.stream, streamSource(ctx, c.natsURL, c.stream))
+	if c.stream != "" {
+		client, _ := c.nats.resolve("onebitd replay")
+		src = fromStream(c.stream, bus.StreamEvents(ctx, client, c.stream))
 	} else {
 		for _, f := range c.files {
 			fi, err := os.Stat(f)

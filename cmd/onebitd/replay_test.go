@@ -325,35 +325,6 @@ func TestReplayUsageAndErrors(t *testing.T) {
 	}
 }
 
-func TestReplayStreamNotBuilt(t *testing.T) {
-	old := streamSource
-	t.Cleanup(func() { streamSource = old })
-	streamSource = nil
-	_, errOut, code := replayRun(t, "--nats-url", "nats://127.0.0.1:4222", "--stream", "ONEBIT")
-	if code != 2 || !strings.Contains(errOut, "not built yet") {
-		t.Fatalf("exit %d, stderr %q", code, errOut)
-	}
-}
-
-func TestReplayStreamSource(t *testing.T) {
-	evs := replayLogEvents()
-	old := streamSource
-	t.Cleanup(func() { streamSource = old })
-	streamSource = func(_ context.Context, urls, stream string) func(func(event.Event, error) bool) {
-		return func(yield func(event.Event, error) bool) {
-			for _, e := range evs {
-				if !yield(e, nil) {
-					return
-				}
-			}
-		}
-	}
-	out, errOut, code := replayRun(t, "--nats-url", "nats://x", "--stream", "ONEBIT", "--failed")
-	if code != 0 || !strings.Contains(out, "audit: 33 events") {
-		t.Fatalf("exit %d, stderr %q\n%s", code, errOut, out)
-	}
-}
-
 func TestReplayProgressBar(t *testing.T) {
 	var b bytes.Buffer
 	p := &progress{w: &b, total: 100 << 20}

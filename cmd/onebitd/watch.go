@@ -15,11 +15,9 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/nats-io/nats.go"
 
+	"github.com/onebitd/onebitd/bus"
 	"github.com/onebitd/onebitd/watch"
 )
-
-// defaultWatchURL is the embedded server's default listen address.
-const defaultWatchURL = "nats://127.0.0.1:4222"
 
 // watchMain is `onebitd watch`: one line per handoff event from NATS (see
 // package watch). Ctrl-C exits 0; 1 when the server cannot be reached at
@@ -37,11 +35,10 @@ func watchRun(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 	fs := flag.NewFlagSet("onebitd watch", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		url     string
 		subject string
 		p       = watch.Printer{W: stdout, Colour: tty, Loc: time.Local}
 	)
-	fs.StringVar(&url, "nats-url", defaultWatchURL, "NATS server(s), comma-separated; the default is the embedded server's address")
+	nf := addNATSFlags(fs, bus.DefaultURL)
 	fs.BoolVar(&p.Failed, "failed", false, "only fallbacks, failed requests and events carrying a reason")
 	fs.BoolVar(&p.JSON, "json", false, "print each event's JSON payload, one per line")
 	fs.StringVar(&subject, "subject", watch.SubjectAll, "subject to subscribe to")
@@ -62,8 +59,8 @@ func watchRun(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 	// connection closes: serialise them and silence them once we return.
 	errw := &gatedWriter{w: stderr}
 	defer errw.shut()
-	nc, err := nats.Connect(url,
-		nats.Name("onebitd watch"),
+	client, as := nf.resolve("onebitd watch")
+	nc, err := client.Connect(
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -82,7 +79,16 @@ func watchRun(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 		}),
 	)
 	if err != nil {
-		fmt.Fprintf(errw, "onebitd watch: cannot reach NATS at %s: %v (is onebitd serve running? see --nats-url)\n", url, err)
+		hint := "is onebitd serve running? see --nats-url"
+		switch {
+		case errors.Is(err, nats.ErrAuthorization) && as == "":
+			hint = "the server wants credentials: --nats-creds FILE (onebitd serve's is <state-dir>/" + bus.ReaderCredsFile + ")"
+		case errors.Is(err, nats.ErrAuthorization):
+			hint = "the server refused the credentials of " + as
+		case errors.Is(err, bus.ErrCreds):
+			hint = "see --nats-creds, --nats-nkey"
+		}
+		fmt.Fprintf(errw, "onebitd watch: cannot reach NATS at %s: %v (%s)\n", client.URLs, err, hint)
 		return 1
 	}
 	defer func() {
@@ -90,7 +96,11 @@ func watchRun(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 		nc.Close()
 	}()
 	onReady := func(subject string) {
-		fmt.Fprintf(errw, "onebitd watch: watching %s on %s\n", subject, nc.ConnectedUrlRedacted())
+		if as != "" {
+			fmt.Fprintf(errw, "onebitd watch: watching %s on %s as %s\n", subject, nc.ConnectedUrlRedacted(), as)
+		} else {
+			fmt.Fprintf(errw, "onebitd watch: watching %s on %s\n", subject, nc.ConnectedUrlRedacted())
+		}
 		if ready != nil {
 			ready(subject)
 		}

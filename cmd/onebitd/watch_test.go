@@ -6,11 +6,13 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 
 	"github.com/onebitd/onebitd/bus"
 	"github.com/onebitd/onebitd/event"
@@ -76,16 +78,28 @@ func watchEvents(node string) []*event.Event {
 	return evs
 }
 
-func TestWatchCommandEndToEnd(t *testing.T) {
-	b, err := bus.Open(context.Background(), bus.Config{
-		Listen: "127.0.0.1:0", Node: "node-a",
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+// openTestBus runs a daemon's bus: the embedded server, its credentials in
+// a temporary state dir.
+func openTestBus(t *testing.T, cfg bus.Config) *bus.Bus {
+	t.Helper()
+	if cfg.StateDir == "" && cfg.URLs == "" {
+		cfg.StateDir = t.TempDir()
+	}
+	if cfg.Node == "" {
+		cfg.Node = "node-a"
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	b, err := bus.Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Close()
-	url := b.ClientURL()
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+func TestWatchCommandEndToEnd(t *testing.T) {
+	b := openTestBus(t, bus.Config{Listen: "127.0.0.1:0"})
+	url, creds := b.ClientURL(), b.ReaderCreds()
 	evs := watchEvents("node-a")
 	local := func(e *event.Event) string { return e.Time.In(time.Local).Format("15:04:05.000") }
 
@@ -95,7 +109,7 @@ func TestWatchCommandEndToEnd(t *testing.T) {
 		args []string
 		want []string // lines, in order
 	}{
-		{"all", false, []string{"--nats-url", url}, []string{
+		{"all", false, []string{"--nats-url", url, "--nats-creds", creds}, []string{
 			local(evs[0]) + " node-a r1 shared received→listening elapsed=10µs",
 			local(evs[1]) + " node-a r1 shared listening→shared share_id=4 n_fds=56 elapsed=900µs",
 			local(evs[2]) + " node-a r1 shared shared→prefilled n_tokens=512 elapsed=50ms",
@@ -104,13 +118,13 @@ func TestWatchCommandEndToEnd(t *testing.T) {
 			local(evs[5]) + " node-a r1 shared adopted→forwarding elapsed=52ms",
 			local(evs[6]) + " node-a r1 shared forwarding→done http_status=200 elapsed=90ms",
 		}},
-		{"failed", false, []string{"--nats-url", url, "--failed"}, []string{
+		{"failed", false, []string{"--nats-url", url, "--nats-creds", creds, "--failed"}, []string{
 			local(evs[4]) + ` node-a r2 shared prefilled→fallback step=prefill reason="the provider exited with status 1" provider_exit=1 elapsed=700µs`,
 		}},
-		{"tty colours", true, []string{"--nats-url", url, "--subject", "onebit.*.handoff.adopted"}, []string{
+		{"tty colours", true, []string{"--nats-url", url, "--nats-nkey", creds, "--subject", "onebit.*.handoff.adopted"}, []string{
 			local(evs[3]) + " node-a r1 shared \x1b[32mprefilled→adopted\x1b[0m share_id=4 n_tokens=512 elapsed=51ms",
 		}},
-		{"json", true, []string{"--nats-url", url, "--json", "--failed"}, []string{
+		{"json", true, []string{"--nats-url", url, "--nats-creds", creds, "--json", "--failed"}, []string{
 			string(evs[4].AppendJSON(nil)),
 		}},
 	}
@@ -176,11 +190,11 @@ func TestWatchCommandReconnects(t *testing.T) {
 }
 
 func TestWatchCommandErrors(t *testing.T) {
-	b, err := bus.Open(context.Background(), bus.Config{Listen: "127.0.0.1:0", Node: "n", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := openTestBus(t, bus.Config{Listen: "127.0.0.1:0"})
+	creds := b.ReaderCreds()
+	stranger := filepath.Join(t.TempDir(), "stranger.nk")
+	other := openTestBus(t, bus.Config{Listen: bus.ListenOff, StateDir: filepath.Dir(stranger)})
+	_ = other // its reader seed is a valid identity that b's server does not know
 	tests := []struct {
 		name string
 		args []string
@@ -190,7 +204,11 @@ func TestWatchCommandErrors(t *testing.T) {
 		{"unknown flag", []string{"--nope"}, 2, "flag provided but not defined"},
 		{"stray argument", []string{"extra"}, 2, `unexpected argument "extra"`},
 		{"unreachable", []string{"--nats-url", "nats://127.0.0.1:1"}, 1, "cannot reach NATS at nats://127.0.0.1:1"},
-		{"bad subject", []string{"--nats-url", b.ClientURL(), "--subject", "a b"}, 1, "invalid subject"},
+		{"bad subject", []string{"--nats-url", b.ClientURL(), "--nats-creds", creds, "--subject", "a b"}, 1, "invalid subject"},
+		{"no credentials", []string{"--nats-url", b.ClientURL()}, 1, "the server wants credentials: --nats-creds FILE"},
+		{"unknown identity", []string{"--nats-url", b.ClientURL(), "--nats-creds", filepath.Join(filepath.Dir(stranger), bus.ReaderCredsFile)}, 1, "the server refused the credentials of"},
+		{"creds file missing", []string{"--nats-url", b.ClientURL(), "--nats-creds", stranger}, 1, "cannot use NATS credentials"},
+		{"creds and nkey", []string{"--nats-url", b.ClientURL(), "--nats-creds", creds, "--nats-nkey", creds}, 1, "not both"},
 		{"help", []string{"-h"}, 0, "-failed"},
 	}
 	for _, tt := range tests {
@@ -205,4 +223,51 @@ func TestWatchCommandErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWatchShowsNoForgedEvent: a process that connects to the embedded
+// server without the daemon's credentials cannot make `onebitd watch` show
+// a fallback that never happened (issue 10 item 2).
+func TestWatchShowsNoForgedEvent(t *testing.T) {
+	b := openTestBus(t, bus.Config{Listen: "127.0.0.1:0"})
+	url := b.ClientURL()
+	s := startWatch(t, false, "--nats-url", url, "--nats-creds", b.ReaderCreds())
+
+	forged := *watchEvents("node-a")[4]
+	forged.RequestID, forged.Reason = "forged", "forged by an intruder"
+	for _, who := range []struct {
+		name string
+		opts []nats.Option
+	}{
+		{"anonymous", nil},
+		{"reader", []nats.Option{nkeyOption(t, b.ReaderCreds())}},
+	} {
+		nc, err := nats.Connect(url, who.opts...)
+		if err != nil {
+			t.Logf("%s: connection refused: %v", who.name, err)
+			continue
+		}
+		if err := nc.Publish("onebit.node-a.handoff.fallback", forged.AppendJSON(nil)); err != nil {
+			t.Logf("%s: forged publish: %v", who.name, err)
+		}
+		_ = nc.Flush()
+		nc.Close()
+	}
+	sentinel := *watchEvents("node-a")[6]
+	sentinel.RequestID = "sentinel"
+	b.Emit(&sentinel)
+	obtest.WaitFor(t, 10*time.Second, "the daemon's own event", func() bool { return strings.Contains(s.stdout.String(), "sentinel") })
+	s.stop(t)
+	if out := s.stdout.String(); strings.Contains(out, "forged") {
+		t.Fatalf("watch shows a forged event:\n%s", out)
+	}
+}
+
+func nkeyOption(t *testing.T, seedFile string) nats.Option {
+	t.Helper()
+	o, err := nats.NkeyOptionFromSeed(seedFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
 }
