@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -20,19 +19,17 @@ import (
 // process is one run of the decoder binary.
 type process struct {
 	pid     int
-	group   *pgroup.Group // signals the process group while the decoder is unreaped
-	exited  chan struct{} // closed once Wait returned (waitErr is set)
+	child   *pgroup.Child
+	exited  chan struct{} // closed once the process was reaped and its output flushed (waitErr is set)
 	waitErr error
 	tail    *tailbuf.Buffer // the last stderr lines
 	readyAt time.Time       // set by the supervisor once /health answered 200
 }
 
-// spawn starts bin with args in its own process group, with Pdeathsig
-// SIGKILL. The goroutine that forks stays locked to its OS thread until the
-// child has been reaped: Pdeathsig fires when the forking *thread* exits, and
-// the Go runtime may otherwise retire that thread while the child lives.
-// Once the child has exited, what is left of its group is killed before the
-// child is reaped (internal/pgroup): no signal reaches the group after that.
+// spawn starts bin with args in its own process group, dying with onebitd
+// (pgroup.Start: Pdeathsig SIGKILL from a thread kept until the reap). Once
+// the child has exited, what is left of its group is killed before the child
+// is reaped: no signal reaches the group after that.
 func spawn(bin string, args []string, log *slog.Logger) (*process, error) {
 	var pid atomic.Int64 // read by exec's copy goroutines, set after Start
 	output := func(stream string) tailbuf.Options {
@@ -43,35 +40,26 @@ func spawn(bin string, args []string, log *slog.Logger) (*process, error) {
 	}
 	p := &process{exited: make(chan struct{}), tail: tailbuf.New(output("stderr"))}
 	stdout := tailbuf.New(output("stdout"))
-	started := make(chan error, 1)
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = stdout, p.tail
+	cmd.WaitDelay = waitDelay
+	child, err := pgroup.Start(cmd, groupKill)
+	if err != nil {
+		return nil, fmt.Errorf("launcher: start %s: %w", bin, err)
+	}
+	p.pid, p.child = child.PID, child
+	pid.Store(int64(p.pid))
+	log.Info("decoder started", attrPID, p.pid, attrBin, bin, attrArgs, strings.Join(args, " "))
 	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		cmd := exec.Command(bin, args...)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-		cmd.Stdout, cmd.Stderr = stdout, p.tail
-		cmd.WaitDelay = waitDelay
-		if err := cmd.Start(); err != nil {
-			started <- fmt.Errorf("launcher: start %s: %w", bin, err)
-			return
+		err := child.Wait()
+		if gerr := child.GroupErr(); gerr != nil {
+			log.Warn("decoder process group not killed", attrPID, p.pid, attrError, gerr)
 		}
-		p.pid = cmd.Process.Pid
-		p.group = pgroup.New(p.pid, groupKill)
-		pid.Store(int64(p.pid))
-		log.Info("decoder started", attrPID, p.pid, attrBin, bin, attrArgs, strings.Join(args, " "))
-		started <- nil
-		if err := p.group.Exited(); err != nil {
-			log.Warn("decoder process group not killed", attrPID, p.pid, attrError, err)
-		}
-		err := cmd.Wait()
 		stdout.Flush()
 		p.tail.Flush()
 		p.waitErr = err
 		close(p.exited)
 	}()
-	if err := <-started; err != nil {
-		return nil, err
-	}
 	return p, nil
 }
 
@@ -91,7 +79,7 @@ func (p *process) exitReason() string {
 // signalGroup sends sig to the process group; a group already gone, or a
 // decoder already exited (its leftovers were killed then), is fine.
 func (p *process) signalGroup(sig syscall.Signal) error {
-	if err := p.group.Signal(sig); err != nil && !errors.Is(err, pgroup.ErrReaped) {
+	if err := p.child.Signal(sig); err != nil && !errors.Is(err, pgroup.ErrReaped) {
 		return fmt.Errorf("launcher: kill -%d -%d: %w", sig, p.pid, err)
 	}
 	return nil

@@ -29,7 +29,6 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -170,38 +169,33 @@ func (r *Runner) run(ctx context.Context, contract []string, files []*os.File) (
 	args := append(append(make([]string, 0, len(r.Args)+len(contract)), r.Args...), contract...)
 	cmd := exec.Command(r.Path, args...)
 	cmd.ExtraFiles = files
-	// Pdeathsig: the provider dies with this process (kill -9 included). The
-	// kernel sends it when the *thread* that forked exits, so this goroutine
-	// keeps its thread until the provider has been reaped.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = r.WaitDelay
 	if cmd.WaitDelay <= 0 {
 		cmd.WaitDelay = DefaultWaitDelay
 	}
 	cmd.Stderr = stderr // stdout: /dev/null
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 
+	// In its own process group, dying with this process (Pdeathsig from a
+	// thread kept until the reap); the group is signalled only while the
+	// provider is unreaped: on timeout or cancellation, and once it exited,
+	// to kill what it left in its group.
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
+	child, err := pgroup.Start(cmd, groupKill)
+	if err != nil {
 		res.Duration = time.Since(start)
 		e := &Error{Kind: ErrProviderStart, Reason: "provider could not start: " + err.Error(), Err: err}
 		res.Reason = e.Reason
 		log.LogAttrs(ctx, slog.LevelDebug, "provider not started", slog.String(attrError, e.Reason))
 		return res, e
 	}
-	pid := cmd.Process.Pid
+	pid := child.PID
 	log.LogAttrs(ctx, slog.LevelDebug, "provider started", slog.Int(attrPID, pid), slog.Int("fds", len(files)))
-	// The group is signalled only while the provider is unreaped (its pid is
-	// the group id and cannot be reused before): on timeout or cancellation,
-	// and once it has exited, to kill what it left in its group.
-	group := pgroup.New(pid, groupKill)
-	stop := context.AfterFunc(runCtx, func() { _ = group.Signal(syscall.SIGKILL) })
-	if gerr := group.Exited(); gerr != nil {
+	stop := context.AfterFunc(runCtx, func() { _ = child.Signal(syscall.SIGKILL) })
+	werr := child.Wait()
+	stop()
+	if gerr := child.GroupErr(); gerr != nil {
 		log.LogAttrs(ctx, slog.LevelWarn, "provider group not killed", slog.Int(attrPID, pid), slog.String(attrError, gerr.Error()))
 	}
-	stop()
-	werr := cmd.Wait()
 	res.Duration = time.Since(start)
 	stderr.Flush()
 	if ps := cmd.ProcessState; ps != nil {

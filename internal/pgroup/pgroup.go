@@ -9,11 +9,16 @@
 // without reaping it (waitid WNOWAIT), kills what is left of the group, and
 // closes the Group; only then does the owner reap the child (exec.Cmd.Wait).
 // Any goroutine may call Signal meanwhile; after Exited it sends nothing.
+//
+// Start does all of it for an exec.Cmd, and makes the child die with this
+// process (Pdeathsig from a thread kept until the reap).
 package pgroup
 
 import (
 	"errors"
 	"os"
+	"os/exec"
+	"runtime"
 	"sync"
 	"syscall"
 
@@ -80,3 +85,68 @@ func (g *Group) Exited() error {
 	}
 	return g.signal(syscall.SIGKILL)
 }
+
+// Child is a process started by Start: in its own process group, dying with
+// this process, reaped by Start's goroutine.
+type Child struct {
+	PID    int
+	Cmd    *exec.Cmd // its ProcessState is set once Done is closed
+	group  *Group
+	done   chan struct{}
+	err    error // cmd.Wait's
+	grpErr error // Exited's
+}
+
+// Start starts cmd in its own process group (Setpgid) with Pdeathsig
+// SIGKILL, so that the child dies with this process, kill -9 included. The
+// kernel sends Pdeathsig when the *thread* that forked exits, so the
+// goroutine that forks keeps its OS thread locked until the child is
+// reaped. That goroutine waits for the child's exit, kills what is left of
+// its group (Group.Exited), reaps it (cmd.Wait) and closes Done. kill is as
+// for New.
+func Start(cmd *exec.Cmd, kill func(pgid int, sig syscall.Signal) error) (*Child, error) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true
+	cmd.SysProcAttr.Pgid = 0
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	c := &Child{Cmd: cmd, done: make(chan struct{})}
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		c.PID = cmd.Process.Pid
+		c.group = New(c.PID, kill)
+		started <- nil
+		c.grpErr = c.group.Exited()
+		c.err = cmd.Wait()
+		close(c.done)
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Signal sends sig to the child's process group while the child has not
+// exited; after that it returns ErrReaped and sends nothing.
+func (c *Child) Signal(sig syscall.Signal) error { return c.group.Signal(sig) }
+
+// Done is closed once the child has exited, its group's leftovers were
+// killed and it was reaped.
+func (c *Child) Done() <-chan struct{} { return c.done }
+
+// Wait waits for Done and returns cmd.Wait's error.
+func (c *Child) Wait() error {
+	<-c.done
+	return c.err
+}
+
+// GroupErr is the error of killing the group's leftovers (nil normally).
+// Call it after Done.
+func (c *Child) GroupErr() error { return c.grpErr }

@@ -150,3 +150,36 @@ func TestExitedNotAChild(t *testing.T) {
 		t.Fatalf("Signal: %v", err)
 	}
 }
+
+// Start: own group, Pdeathsig, leftovers killed, reaped, no late signal.
+func TestStart(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "gc.pid")
+	var late atomic.Int64
+	kill := func(pgid int, sig syscall.Signal) error {
+		if !unreapedChild(pgid) {
+			late.Add(1)
+		}
+		return syscall.Kill(-pgid, sig)
+	}
+	c, err := Start(exec.Command("/bin/sh", "-c", "sleep 100 & echo $! > "+pidFile+".tmp && mv "+pidFile+".tmp "+pidFile+"; exec sleep 100"), kill)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := c.Cmd.SysProcAttr; !a.Setpgid || a.Pdeathsig != syscall.SIGKILL {
+		t.Fatalf("SysProcAttr %+v", a)
+	}
+	gc := readPID(t, pidFile)
+	if err := c.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Wait(); err == nil || c.Cmd.ProcessState.Sys().(syscall.WaitStatus).Signal() != syscall.SIGTERM {
+		t.Fatalf("wait %v", err)
+	}
+	obtest.WaitFor(t, 10*time.Second, "the grandchild to die", func() bool { return obtest.Gone(gc) })
+	if err := c.Signal(syscall.SIGKILL); !errors.Is(err, ErrReaped) || late.Load() != 0 || c.GroupErr() != nil {
+		t.Fatalf("after Done: %v, %d late signals, group %v", err, late.Load(), c.GroupErr())
+	}
+	if _, err := Start(exec.Command(filepath.Join(t.TempDir(), "missing")), nil); err == nil {
+		t.Fatal("Start of a missing binary succeeded")
+	}
+}
