@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -108,6 +109,8 @@ func TestSimFileRoute(t *testing.T) {
 	}{
 		{name: "ok", written: true},
 		{name: "slow", flags: []string{"--slow", "50ms"}, written: true},
+		{name: "compact", flags: []string{"--compact"}, written: true},
+		{name: "start is for the shared route", flags: []string{"--start", "1"}, code: 2, lastLine: "bad command line: --start is for the shared route"},
 		{name: "write then fail", flags: []string{"--write-then-fail"}, code: 1, lastLine: "simulated failure after writing", written: true},
 		{name: "fail", flags: []string{"--fail"}, code: 1, lastLine: "simulated failure"},
 		{name: "fail exit code", flags: []string{"--fail", "--exit-code", "9"}, code: 9, lastLine: "simulated failure"},
@@ -128,7 +131,11 @@ func TestSimFileRoute(t *testing.T) {
 				t.Fatalf("exit %d, last line %q; want %d, %q", r.code, r.lastLine, tc.code, tc.lastLine)
 			}
 			if tc.written {
-				checkStateFile(t, out, model, tokens)
+				g := &DefaultGeometry
+				if slices.Contains(tc.flags, "--compact") {
+					g = nil
+				}
+				checkStateFile(t, out, model, tokens, g)
 			} else if _, err := os.Stat(out); !errors.Is(err, os.ErrNotExist) {
 				t.Fatalf("state file exists after a failure: %v", err)
 			}
@@ -162,6 +169,7 @@ func TestSimSharedRoute(t *testing.T) {
 		written  bool
 	}{
 		{name: "fd per region", g: defaultGeometry, written: true},
+		{name: "compact", g: defaultGeometry, flags: []string{"--compact"}, written: true},
 		{name: "packed", g: geometry{nCtx: 64, nLayer: 2, stride: 2048, packed: true}, written: true},
 		{name: "many layers small stride", g: geometry{nCtx: 256, nLayer: 4, stride: 64}, written: true},
 		{name: "write then fail", g: defaultGeometry, flags: []string{"--write-then-fail"}, code: 1, lastLine: "simulated failure after writing", written: true},
@@ -199,10 +207,11 @@ func TestSimSharedRoute(t *testing.T) {
 					t.Fatalf("last line %q, want %q", r.lastLine, want)
 				}
 			}
+			full := !slices.Contains(tc.flags, "--compact")
 			if tc.written {
-				checkShared(t, h, files, model, tokens)
+				checkShared(t, h, files, model, tokens, full)
 			} else {
-				checkShared(t, h, files, model, nil) // untouched: all zero
+				checkShared(t, h, files, model, nil, full) // untouched: all zero
 			}
 		})
 	}

@@ -24,6 +24,11 @@ var (
 	ErrModel = errors.New("providersim: cannot read the model")
 	// ErrWrite: writing the state file or the shared regions failed.
 	ErrWrite = errors.New("providersim: cannot write the KV")
+	// ErrStart: --start P is outside 0..N, or cell P-1 of the region holds
+	// no KV for position P-1 (the prefix the provider continues from).
+	ErrStart = errors.New("providersim: cannot continue from the cells in the region")
+	// ErrServe: --serve cannot listen on or accept from its socket.
+	ErrServe = errors.New("providersim: cannot serve jobs")
 	// ErrSimulated: a failure requested by a fault switch.
 	ErrSimulated = errors.New("providersim: simulated failure")
 )

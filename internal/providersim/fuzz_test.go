@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/onebitd/onebitd/fdpass"
 	"github.com/onebitd/onebitd/internal/simkv"
 )
 
@@ -70,22 +71,27 @@ func FuzzParseHeader(f *testing.F) {
 			t.Fatalf("re-encoded header refused: %v", err)
 		}
 		_ = LayoutHash(model, &h)
-		targets, err := Plan(&h, n)
-		if err != nil {
-			if !errors.Is(err, ErrRegion) {
-				t.Fatalf("Plan error %v does not wrap ErrRegion", err)
-			}
-			return
-		}
-		for _, tg := range targets {
-			r := h.Regions[0]
-			for _, x := range h.Regions {
-				if x.Layer == 0 && x.Kind == tg.Kind {
-					r = x
+		for _, full := range []bool{false, true} {
+			targets, err := Plan(&h, n, full)
+			if err != nil {
+				if !errors.Is(err, ErrRegion) {
+					t.Fatalf("Plan error %v does not wrap ErrRegion", err)
 				}
+				return
 			}
-			if n > 0 && tg.Offset+tg.Span(n) > r.Offset+r.Size {
-				t.Fatalf("target %+v for %d tokens overruns region %+v", tg, n, r)
+			for _, tg := range targets {
+				var r *fdpass.Region
+				for i, x := range h.Regions {
+					if x.Layer == tg.Layer && x.Kind == tg.Kind && x.Offset == tg.Offset && x.FDIndex == tg.FDIndex {
+						r = &h.Regions[i]
+					}
+				}
+				if r == nil {
+					t.Fatalf("target %+v is no region of the header", tg)
+				}
+				if n > 0 && tg.Offset+tg.Span(n) > r.Offset+r.Size {
+					t.Fatalf("target %+v for %d tokens overruns region %+v", tg, n, r)
+				}
 			}
 		}
 	})

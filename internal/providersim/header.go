@@ -82,46 +82,76 @@ func CheckLayout(model uint64, h *fdpass.Header) error {
 	return nil
 }
 
-// Target is one region the provider writes: records 0..n-1 at
-// Offset + i*Stride in the fd at FDIndex.
+// Target is one region the provider writes: cell i at Offset + i*Stride in
+// the fd at FDIndex. A full target gets every byte of each cell's stride
+// (simkv.Fill); a compact one only the RecordSize bytes of layer 0's record.
 type Target struct {
 	Kind    string
+	Layer   int
 	FDIndex int
 	Offset  int64
 	Stride  int64
+	Full    bool
 }
 
-// Span is the byte range [Offset, Offset+Span(n)) that n records occupy.
-func (t Target) Span(n int) int64 { return int64(n-1)*t.Stride + simkv.RecordSize }
+// Span is the byte range [Offset, Offset+Span(n)) that n cells occupy.
+func (t Target) Span(n int) int64 {
+	if t.Full {
+		return int64(n) * t.Stride
+	}
+	return int64(n-1)*t.Stride + simkv.RecordSize
+}
 
-// Plan finds layer 0's K and V regions of h and checks that n records fit
-// each of them. It returns the K target, then the V target.
-func Plan(h *fdpass.Header, n int) ([2]Target, error) {
-	var out [2]Target
-	for i, kind := range [2]string{"k", "v"} {
+// Plan checks that h has exactly one layer 0 K and one layer 0 V region and
+// that n cells fit every region it returns: with full, every region of h
+// (layer 0's K first, then V, then the others in header order), each to be
+// written whole; else layer 0's K and V only, records only (--compact).
+func Plan(h *fdpass.Header, n int, full bool) ([]Target, error) {
+	var out []Target
+	for _, kind := range [2]string{"k", "v"} {
 		idx := -1
 		for j, r := range h.Regions {
 			if r.Layer != 0 || r.Kind != kind {
 				continue
 			}
 			if idx >= 0 {
-				return out, fmt.Errorf("%w: regions %d and %d are both layer 0 %s", ErrRegion, idx, j, kind)
+				return nil, fmt.Errorf("%w: regions %d and %d are both layer 0 %s", ErrRegion, idx, j, kind)
 			}
 			idx = j
 		}
 		if idx < 0 {
-			return out, fmt.Errorf("%w: the header has no layer 0 %s region", ErrRegion, kind)
+			return nil, fmt.Errorf("%w: the header has no layer 0 %s region", ErrRegion, kind)
 		}
-		r := h.Regions[idx]
-		if r.CellStride < simkv.RecordSize {
-			return out, fmt.Errorf("%w: layer 0 %s region %d has cell_stride %d, less than a %d-byte record",
-				ErrRegion, kind, idx, r.CellStride, simkv.RecordSize)
+		t, err := target(h, idx, n, full)
+		if err != nil {
+			return nil, err
 		}
-		if cells := r.Size / r.CellStride; int64(n) > cells {
-			return out, fmt.Errorf("%w: %d tokens, layer 0 %s region %d holds %d cells",
-				ErrRegion, n, kind, idx, cells)
+		out = append(out, t)
+	}
+	if full {
+		for j, r := range h.Regions {
+			if r.Layer == 0 {
+				continue
+			}
+			t, err := target(h, j, n, full)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, t)
 		}
-		out[i] = Target{Kind: kind, FDIndex: r.FDIndex, Offset: r.Offset, Stride: r.CellStride}
 	}
 	return out, nil
+}
+
+func target(h *fdpass.Header, idx, n int, full bool) (Target, error) {
+	r := h.Regions[idx]
+	if r.CellStride < simkv.RecordSize {
+		return Target{}, fmt.Errorf("%w: layer %d %s region %d has cell_stride %d, less than a %d-byte record",
+			ErrRegion, r.Layer, r.Kind, idx, r.CellStride, simkv.RecordSize)
+	}
+	if cells := r.Size / r.CellStride; int64(n) > cells {
+		return Target{}, fmt.Errorf("%w: %d tokens, layer %d %s region %d holds %d cells",
+			ErrRegion, n, r.Layer, r.Kind, idx, cells)
+	}
+	return Target{Kind: r.Kind, Layer: r.Layer, FDIndex: r.FDIndex, Offset: r.Offset, Stride: r.CellStride, Full: full}, nil
 }

@@ -102,9 +102,11 @@ func readAll(t testing.TB, f *os.File) []byte {
 	return b
 }
 
-// checkShared checks that the layer 0 K and V regions of h hold exactly the
-// records of tokens and every other byte of every fd is zero (n == 0: all zero).
-func checkShared(t testing.TB, h fdpass.Header, files []*os.File, model uint64, tokens []int) {
+// checkShared checks that the regions of h hold exactly the cells of tokens
+// and every other byte of every fd is zero (tokens nil: all zero). With full
+// every region's cells 0..n-1 hold simkv.Fill's bytes; else only layer 0's K
+// and V records are written (--compact).
+func checkShared(t testing.TB, h fdpass.Header, files []*os.File, model uint64, tokens []int, full bool) {
 	t.Helper()
 	mem := make([][]byte, len(files))
 	for i, f := range files {
@@ -112,20 +114,27 @@ func checkShared(t testing.TB, h fdpass.Header, files []*os.File, model uint64, 
 	}
 	recs := simkv.Chain(model, tokens)
 	for _, r := range h.Regions {
-		if r.Layer != 0 {
+		if r.Layer != 0 && !full {
 			continue
 		}
 		for i, rec := range recs {
-			want := make([]byte, simkv.RecordSize)
-			if r.Kind == "k" {
+			size := int64(simkv.RecordSize)
+			if full {
+				size = r.CellStride
+			}
+			want := make([]byte, size)
+			switch {
+			case full:
+				simkv.Fill(want, rec, r.Layer, r.Kind)
+			case r.Kind == "k":
 				simkv.PutK(want, rec)
-			} else {
+			default:
 				simkv.PutV(want, rec)
 			}
 			at := r.Offset + int64(i)*r.CellStride
-			got := mem[r.FDIndex][at : at+simkv.RecordSize]
+			got := mem[r.FDIndex][at : at+size]
 			if string(got) != string(want) {
-				t.Fatalf("layer 0 %s cell %d: got %x, want %x", r.Kind, i, got, want)
+				t.Fatalf("layer %d %s cell %d: got %x, want %x", r.Layer, r.Kind, i, got[:min(len(got), 64)], want[:min(len(want), 64)])
 			}
 			clear(got) // so the all-zero check below covers the rest
 		}
@@ -133,7 +142,7 @@ func checkShared(t testing.TB, h fdpass.Header, files []*os.File, model uint64, 
 	for i, m := range mem {
 		for j, b := range m {
 			if b != 0 {
-				t.Fatalf("fd %d byte %d is %#x: the provider touched memory outside the records", i, j, b)
+				t.Fatalf("fd %d byte %d is %#x: the provider touched memory outside the cells", i, j, b)
 			}
 		}
 	}

@@ -29,6 +29,7 @@ package providersim
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -39,6 +40,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/onebitd/onebitd/fdpass"
 	"github.com/onebitd/onebitd/internal/simkv"
 )
 
@@ -55,16 +57,23 @@ const maxReasonLen = 400
 type options struct {
 	tokens, model, state, layout, fds string
 	fail, hang, writeThenFail         bool
+	keepWriting                       bool
 	exitCode                          int
 	slow                              time.Duration
+	compact                           bool
+	nLayer, cellSize                  int
+	start                             int
+	fixedMs, msPerToken               float64
+	serve                             bool
+	socket                            string
 }
 
 // Main runs the provider with args (without the program name), printing the
 // reason of a failure as the last line of stderr, and returns the exit
-// status. ctx ends --hang and --slow (the command cancels it on SIGINT and
-// SIGTERM; SIGKILL needs no help).
+// status. ctx ends --hang, --slow, --keep-writing and --serve (the command
+// cancels it on SIGINT and SIGTERM; SIGKILL needs no help).
 func Main(ctx context.Context, args []string, stderr io.Writer) int {
-	code, err := run(ctx, args)
+	code, err := run(ctx, args, stderr)
 	if err != nil {
 		fmt.Fprintln(stderr, Reason(err))
 	}
@@ -94,7 +103,7 @@ func ExitCode(err error) int {
 	case err == nil:
 		return ExitOK
 	case errors.Is(err, ErrUsage), errors.Is(err, ErrTokens), errors.Is(err, ErrHeader),
-		errors.Is(err, ErrLayoutMismatch), errors.Is(err, ErrRegion):
+		errors.Is(err, ErrLayoutMismatch), errors.Is(err, ErrRegion), errors.Is(err, ErrStart):
 		return ExitInvalid
 	}
 	return ExitFailure
@@ -109,11 +118,20 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.state, "state", "", "file route: state file to write")
 	fs.StringVar(&o.layout, "layout", "", "shared route: share header JSON file")
 	fs.StringVar(&o.fds, "fds", "", "shared route: inherited region fds, in fd_index order (3,4,…)")
-	fs.BoolVar(&o.fail, "fail", false, "fault: exit with --exit-code before doing anything")
+	fs.IntVar(&o.start, "start", 0, "shared route: cells 0..P-1 already hold the prompt's first P tokens; prefill P..N-1")
+	fs.BoolVar(&o.compact, "compact", false, "write layer 0's records only, not every layer's full cells (fast tests; not a real provider's costs)")
+	fs.IntVar(&o.nLayer, "n-layer", simkv.DefaultNLayer, "file route: layers of the model (the decoder's --n-layer)")
+	fs.IntVar(&o.cellSize, "cell-size", simkv.DefaultCellSize, "file route: KV bytes per cell over all layers, K and V (the decoder's --cell-size)")
+	fs.Float64Var(&o.fixedMs, "fixed-ms", 0, "spend at least this long per job (process start, model load)")
+	fs.Float64Var(&o.msPerToken, "ms-per-token", 0, "and this long per prefilled token")
+	fs.BoolVar(&o.serve, "serve", false, "warm provider: serve jobs on --socket (DESIGN §2c, package provjob)")
+	fs.StringVar(&o.socket, "socket", "", "--serve: unix socket path to listen on")
+	fs.BoolVar(&o.fail, "fail", false, "fault: fail before doing anything (exit --exit-code; serve: reply ok false)")
 	fs.IntVar(&o.exitCode, "exit-code", ExitFailure, "fault: exit status of --fail")
 	fs.BoolVar(&o.hang, "hang", false, "fault: block until killed")
 	fs.DurationVar(&o.slow, "slow", 0, "fault: sleep this long first")
-	fs.BoolVar(&o.writeThenFail, "write-then-fail", false, "fault: write everything, then exit 1")
+	fs.BoolVar(&o.writeThenFail, "write-then-fail", false, "fault: write everything, then fail")
+	fs.BoolVar(&o.keepWriting, "keep-writing", false, "fault: write everything, then keep writing a counter into the KV (or the state file) every millisecond until killed, never finishing")
 	if err := fs.Parse(args); err != nil {
 		return o, fmt.Errorf("%w: %v", ErrUsage, err)
 	}
@@ -122,46 +140,237 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("%w: unexpected argument %q", ErrUsage, fs.Arg(0))
 	case o.exitCode < 1 || o.exitCode > 125:
 		return o, fmt.Errorf("%w: --exit-code %d is outside 1..125", ErrUsage, o.exitCode)
+	case o.fixedMs < 0 || o.msPerToken < 0 || o.fixedMs > 1e7 || o.msPerToken > 1e6:
+		return o, fmt.Errorf("%w: --fixed-ms and --ms-per-token must be non-negative", ErrUsage)
+	case o.nLayer < 1 || o.cellSize <= 0 || o.cellSize%(2*o.nLayer) != 0 || o.cellSize/(2*o.nLayer) < simkv.RecordSize:
+		return o, fmt.Errorf("%w: --cell-size %d is not a multiple of 2 x --n-layer %d of at least %d bytes per layer and kind",
+			ErrUsage, o.cellSize, o.nLayer, simkv.RecordSize)
+	case o.start < 0:
+		return o, fmt.Errorf("%w: --start %d is negative", ErrUsage, o.start)
+	case o.serve:
+		if o.socket == "" || o.tokens != "" || o.state != "" || o.layout != "" || o.fds != "" || o.start != 0 {
+			return o, fmt.Errorf("%w: --serve takes --socket and no job flags (--tokens, --state, --layout, --fds, --start)", ErrUsage)
+		}
+	case o.socket != "":
+		return o, fmt.Errorf("%w: --socket needs --serve", ErrUsage)
 	case o.tokens == "" || o.model == "":
 		return o, fmt.Errorf("%w: --tokens and --model are required", ErrUsage)
 	case o.state != "" && (o.layout != "" || o.fds != ""):
 		return o, fmt.Errorf("%w: --state (file route) excludes --layout and --fds (shared route)", ErrUsage)
 	case o.state == "" && (o.layout == "" || o.fds == ""):
 		return o, fmt.Errorf("%w: give --state (file route) or --layout and --fds (shared route)", ErrUsage)
+	case o.state != "" && o.start != 0:
+		return o, fmt.Errorf("%w: --start is for the shared route; the file route hands over the whole prompt", ErrUsage)
 	}
 	return o, nil
 }
 
-func run(ctx context.Context, args []string) (int, error) {
+func (o *options) geometry() Geometry {
+	return Geometry{NLayer: o.nLayer, Stride: o.cellSize / (2 * o.nLayer)}
+}
+
+func run(ctx context.Context, args []string, stderr io.Writer) (int, error) {
 	o, err := parseFlags(args)
 	if err != nil {
 		return ExitCode(err), err
 	}
+	if o.serve {
+		err := serve(ctx, o, stderr)
+		return ExitCode(err), err
+	}
+	// The fault switches come before anything is read (exit statuses and
+	// reasons of §2 do not depend on the inputs).
+	t0 := time.Now()
+	if err := o.faultsBefore(ctx); err != nil {
+		return ExitFailure, err
+	}
+	if o.fail {
+		return o.exitCode, ErrSimulated
+	}
+	jb, err := execJob(o)
+	if err != nil {
+		return ExitCode(err), err
+	}
+	defer jb.close()
+	_, err = o.runJob(ctx, jb, t0)
+	return ExitCode(err), err
+}
+
+// job is one prefill, from the command line or from a provjob job.
+type job struct {
+	tokens    []int
+	modelPath string
+	start     int
+	state     string         // file route
+	header    []byte         // shared route: the share header JSON
+	files     []*os.File     // shared route: region fds in fd_index order
+	hdr       *fdpass.Header // parsed by runJob
+}
+
+func (j *job) close() {
+	for _, f := range j.files {
+		f.Close()
+	}
+}
+
+// execJob builds the job of an exec'd provider from its flags: the tokens
+// and layout files are read, the inherited fds checked.
+func execJob(o options) (*job, error) {
+	j := &job{modelPath: o.model, start: o.start, state: o.state}
+	if o.state == "" {
+		fds, err := simkv.ParseFDList(o.fds)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrUsage, strings.TrimPrefix(err.Error(), "simkv: "))
+		}
+		for _, fd := range fds {
+			if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
+				j.close()
+				return nil, fmt.Errorf("%w: fd %d of --fds is not open in this process", ErrUsage, fd)
+			}
+			j.files = append(j.files, os.NewFile(uintptr(fd), fmt.Sprintf("region-fd-%d", fd)))
+		}
+	}
+	var err error
+	if j.tokens, err = ReadTokensFile(o.tokens); err != nil {
+		j.close()
+		return nil, err
+	}
+	if o.state == "" {
+		if j.header, err = readBounded(o.layout, fdpass.MaxHeaderLen); err != nil {
+			j.close()
+			return nil, fmt.Errorf("%w %s: %v", ErrHeader, o.layout, err)
+		}
+	}
+	return j, nil
+}
+
+// faultsBefore applies --slow and --hang.
+func (o *options) faultsBefore(ctx context.Context) error {
 	if o.slow > 0 {
 		t := time.NewTimer(o.slow)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return ExitFailure, fmt.Errorf("%w: interrupted while slow (--slow %s)", ErrSimulated, o.slow)
+			return fmt.Errorf("%w: interrupted while slow (--slow %s)", ErrSimulated, o.slow)
 		}
-	}
-	if o.fail {
-		return o.exitCode, ErrSimulated
 	}
 	if o.hang {
 		<-ctx.Done()
-		return ExitFailure, fmt.Errorf("%w: hang interrupted by a signal", ErrSimulated)
+		return fmt.Errorf("%w: hang interrupted by a signal", ErrSimulated)
 	}
-	if o.state != "" {
-		err = runFile(o)
+	return nil
+}
+
+// runJob runs one job (after faultsBefore and --fail) with the time knobs
+// counted from t0 and the faults after writing; it returns the number of
+// cells it prefilled. It does not close the job's files.
+func (o *options) runJob(ctx context.Context, j *job, t0 time.Time) (int, error) {
+	model, err := modelHash(j.modelPath)
+	if err != nil {
+		return 0, err
+	}
+	for i, t := range j.tokens {
+		if !simkv.ValidToken(t) {
+			return 0, fmt.Errorf("%w: token %d at index %d is not in the vocabulary", ErrTokens, t, i)
+		}
+	}
+	var targets []Target
+	if j.state != "" {
+		err = WriteStateFile(j.state, model, j.tokens, o.geometry(), o.compact)
 	} else {
-		err = runShared(o)
+		targets, err = o.writeShared(j, model)
 	}
-	if err == nil && o.writeThenFail {
-		err = fmt.Errorf("%w after writing", ErrSimulated)
+	if err != nil {
+		return 0, err
 	}
-	return ExitCode(err), err
+	n := len(j.tokens) - j.start
+	if err := spend(ctx, t0, o.fixedMs+o.msPerToken*float64(n)); err != nil {
+		return 0, err
+	}
+	if o.keepWriting {
+		return 0, keepWriting(ctx, j, targets)
+	}
+	if o.writeThenFail {
+		return 0, fmt.Errorf("%w after writing", ErrSimulated)
+	}
+	return n, nil
+}
+
+// writeShared checks the header against the fds and the model and writes
+// the cells; it returns the targets written.
+func (o *options) writeShared(j *job, model uint64) ([]Target, error) {
+	hdr, err := ParseHeader(j.header, len(j.files))
+	if err != nil {
+		return nil, err
+	}
+	if err := CheckLayout(model, &hdr); err != nil {
+		return nil, err
+	}
+	if j.start > len(j.tokens) {
+		return nil, fmt.Errorf("%w: --start %d is past the prompt's %d tokens", ErrStart, j.start, len(j.tokens))
+	}
+	targets, err := Plan(&hdr, len(j.tokens), !o.compact)
+	if err != nil {
+		return nil, err
+	}
+	j.hdr = &hdr
+	return targets, WriteShared(j.files, targets, model, j.tokens, j.start)
+}
+
+// spend sleeps until ms milliseconds have passed since t0 (the time knobs).
+func spend(ctx context.Context, t0 time.Time, ms float64) error {
+	d := time.Duration(ms*float64(time.Millisecond)) - time.Since(t0)
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%w: interrupted during the simulated prefill time", ErrSimulated)
+	}
+}
+
+// keepWriting is the --keep-writing fault: every millisecond until ctx ends
+// it writes an incrementing counter into the first 8 bytes of every
+// prefilled cell of layer 0's K region (shared route) or rewrites the state
+// file with the counter (file route), so that a test sees any write that
+// happens after the provider should have been killed.
+func keepWriting(ctx context.Context, j *job, targets []Target) error {
+	var k0 *mapping
+	if j.state == "" {
+		for _, t := range targets {
+			if t.Layer == 0 && t.Kind == "k" {
+				m, err := mapTarget(j.files, t, j.start, len(j.tokens))
+				if err != nil {
+					return err
+				}
+				defer unix.Munmap(m.mem)
+				k0 = m
+			}
+		}
+	}
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	var b [8]byte
+	for counter := uint64(1); ; counter++ {
+		binary.LittleEndian.PutUint64(b[:], counter)
+		if k0 != nil {
+			for i := j.start; i < len(j.tokens); i++ {
+				copy(k0.cell(i), b[:])
+			}
+		} else if err := os.WriteFile(j.state, b[:], 0o600); err != nil {
+			return fmt.Errorf("%w: --keep-writing: %v", ErrWrite, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: kept writing until interrupted", ErrSimulated)
+		case <-tick.C:
+		}
+	}
 }
 
 func modelHash(path string) (uint64, error) {
@@ -170,50 +379,4 @@ func modelHash(path string) (uint64, error) {
 		return 0, fmt.Errorf("%w %s: %v", ErrModel, path, errors.Unwrap(err))
 	}
 	return h, nil
-}
-
-func runFile(o options) error {
-	tokens, err := ReadTokensFile(o.tokens)
-	if err != nil {
-		return err
-	}
-	model, err := modelHash(o.model)
-	if err != nil {
-		return err
-	}
-	return WriteStateFile(o.state, model, tokens)
-}
-
-func runShared(o options) error {
-	fds, err := simkv.ParseFDList(o.fds)
-	if err != nil {
-		return fmt.Errorf("%w: %v", ErrUsage, strings.TrimPrefix(err.Error(), "simkv: "))
-	}
-	files := make([]*os.File, len(fds))
-	for i, fd := range fds {
-		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
-			return fmt.Errorf("%w: fd %d of --fds is not open in this process", ErrUsage, fd)
-		}
-		files[i] = os.NewFile(uintptr(fd), fmt.Sprintf("region-fd-%d", fd))
-	}
-	tokens, err := ReadTokensFile(o.tokens)
-	if err != nil {
-		return err
-	}
-	hdr, err := ReadHeaderFile(o.layout, len(fds))
-	if err != nil {
-		return err
-	}
-	model, err := modelHash(o.model)
-	if err != nil {
-		return err
-	}
-	if err := CheckLayout(model, &hdr); err != nil {
-		return err
-	}
-	targets, err := Plan(&hdr, len(tokens))
-	if err != nil {
-		return err
-	}
-	return WriteShared(files, targets, model, tokens)
 }

@@ -164,7 +164,7 @@ func TestPlan(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := Plan(&tc.h, tc.n)
+			got, err := Plan(&tc.h, tc.n, false)
 			if tc.errText != "" {
 				if !errors.Is(err, ErrRegion) || !strings.Contains(err.Error(), tc.errText) {
 					t.Fatalf("err = %v, want ErrRegion containing %q", err, tc.errText)
@@ -174,8 +174,12 @@ func TestPlan(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got[0].Kind != "k" || got[1].Kind != "v" || got[1].Offset != tc.h.Regions[1].Offset {
+			if len(got) != 2 || got[0].Kind != "k" || got[1].Kind != "v" || got[1].Offset != tc.h.Regions[1].Offset || got[0].Full {
 				t.Fatalf("targets %+v", got)
+			}
+			full, err := Plan(&tc.h, tc.n, true)
+			if err != nil || len(full) != len(tc.h.Regions) || full[0] != (Target{Kind: "k", FDIndex: got[0].FDIndex, Offset: got[0].Offset, Stride: got[0].Stride, Full: true}) {
+				t.Fatalf("full plan %+v %v", full, err)
 			}
 		})
 	}
@@ -189,21 +193,29 @@ func TestWriteStateFile(t *testing.T) {
 	if err := os.WriteFile(out+".tmp", []byte("stale"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteStateFile(out, model, tokens); err != nil {
+	small := Geometry{NLayer: 3, Stride: 64}
+	if err := WriteStateFile(out, model, tokens, small, false); err != nil {
 		t.Fatal(err)
 	}
-	checkStateFile(t, out, model, tokens)
+	checkStateFile(t, out, model, tokens, &small)
+	if err := WriteStateFile(out, model, tokens, small, true); err != nil {
+		t.Fatal(err)
+	}
+	checkStateFile(t, out, model, tokens, nil)
 	if _, err := os.Stat(out + ".tmp"); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("temporary file left behind: %v", err)
 	}
 	// A directory that does not exist: an error, nothing left behind.
-	err := WriteStateFile(filepath.Join(dir, "nope", "s.bin"), model, tokens)
+	err := WriteStateFile(filepath.Join(dir, "nope", "s.bin"), model, tokens, small, false)
 	if !errors.Is(err, ErrWrite) {
 		t.Fatalf("missing dir: %v", err)
 	}
 }
 
-func checkStateFile(t testing.TB, path string, model uint64, tokens []int) {
+// checkStateFile checks the state file at path: a full state of geometry g
+// (every buffer's cells filled with simkv.Fill), or with g nil a compact one
+// (layer 0's records).
+func checkStateFile(t testing.TB, path string, model uint64, tokens []int, g *Geometry) {
 	t.Helper()
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -217,23 +229,47 @@ func checkStateFile(t testing.TB, path string, model uint64, tokens []int) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	st, n, err := simkv.ReadState(f, model)
+	sr, err := simkv.NewStateReader(f, model)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != fi.Size() {
-		t.Errorf("state read %d of %d bytes", n, fi.Size())
+	if !equalInts(sr.Tokens, tokens) {
+		t.Fatalf("tokens %v, want %v", sr.Tokens, tokens)
 	}
-	if !equalInts(st.Tokens, tokens) {
-		t.Fatalf("tokens %v, want %v", st.Tokens, tokens)
-	}
-	for i, rec := range simkv.Chain(model, tokens) {
-		k, v := make([]byte, simkv.RecordSize), make([]byte, simkv.RecordSize)
-		simkv.PutK(k, rec)
-		simkv.PutV(v, rec)
-		if !bytes.Equal(st.K[i], k) || !bytes.Equal(st.V[i], v) {
-			t.Fatalf("cell %d differs from simkv.Chain", i)
+	recs := simkv.Chain(model, tokens)
+	if g == nil {
+		k, v, err := sr.Records()
+		if err != nil {
+			t.Fatal(err)
 		}
+		for i, rec := range recs {
+			wk, wv := make([]byte, simkv.RecordSize), make([]byte, simkv.RecordSize)
+			simkv.PutK(wk, rec)
+			simkv.PutV(wv, rec)
+			if !bytes.Equal(k[i], wk) || !bytes.Equal(v[i], wv) {
+				t.Fatalf("cell %d differs from simkv.Chain", i)
+			}
+		}
+	} else {
+		if sr.Version != 2 || sr.NLayer != g.NLayer || sr.Stride != g.Stride {
+			t.Fatalf("state version %d, %d layers x %d bytes; want a full state of %+v", sr.Version, sr.NLayer, sr.Stride, *g)
+		}
+		bufs := make([][]byte, 2*g.NLayer)
+		if err := sr.Buffers(func(b int) []byte { bufs[b] = make([]byte, len(tokens)*g.Stride); return bufs[b] }); err != nil {
+			t.Fatal(err)
+		}
+		want := make([]byte, g.Stride)
+		for b, buf := range bufs {
+			for i, rec := range recs {
+				simkv.Fill(want, rec, b/2, [2]string{"k", "v"}[b%2])
+				if !bytes.Equal(buf[i*g.Stride:(i+1)*g.Stride], want) {
+					t.Fatalf("buffer %d cell %d differs from simkv.Fill", b, i)
+				}
+			}
+		}
+	}
+	if sr.BytesRead() != fi.Size() {
+		t.Errorf("state read %d of %d bytes", sr.BytesRead(), fi.Size())
 	}
 }
 
@@ -245,19 +281,21 @@ func TestWriteShared(t *testing.T) {
 		{nCtx: 100, nLayer: 3, stride: 96},
 	} {
 		for _, n := range []int{1, 7, g.nCtx} {
-			h, files := makeShare(t, model, g)
-			tokens := make([]int, n)
-			for i := range tokens {
-				tokens[i] = simkv.WordBase + i%50
+			for _, full := range []bool{false, true} {
+				h, files := makeShare(t, model, g)
+				tokens := make([]int, n)
+				for i := range tokens {
+					tokens[i] = simkv.WordBase + i%50
+				}
+				targets, err := Plan(&h, n, full)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := WriteShared(files, targets, model, tokens, 0); err != nil {
+					t.Fatalf("%+v n=%d full=%v: %v", g, n, full, err)
+				}
+				checkShared(t, h, files, model, tokens, full)
 			}
-			targets, err := Plan(&h, n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := WriteShared(files, targets, model, tokens); err != nil {
-				t.Fatalf("%+v n=%d: %v", g, n, err)
-			}
-			checkShared(t, h, files, model, tokens)
 		}
 	}
 }
@@ -268,11 +306,11 @@ func TestWriteSharedStaysSparse(t *testing.T) {
 	_, model := writeModel(t, t.TempDir(), "a")
 	h, files := makeShare(t, model, geometry{nCtx: 256, nLayer: 2, stride: 16384, packed: true})
 	const n = 10
-	targets, err := Plan(&h, n)
+	targets, err := Plan(&h, n, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteShared(files, targets, model, make([]int, n)); err != nil {
+	if err := WriteShared(files, targets, model, make([]int, n), 0); err != nil {
 		t.Fatal(err)
 	}
 	fi, err := files[0].Stat()
@@ -291,11 +329,11 @@ func TestWriteSharedShortFD(t *testing.T) {
 	if err := files[1].Truncate(4096); err != nil { // v region fd shorter than the header says
 		t.Fatal(err)
 	}
-	targets, err := Plan(&h, 10)
+	targets, err := Plan(&h, 10, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = WriteShared(files, targets, model, make([]int, 10))
+	err = WriteShared(files, targets, model, make([]int, 10), 0)
 	if !errors.Is(err, ErrRegion) || !strings.Contains(err.Error(), "which holds 4096") {
 		t.Fatalf("err = %v", err)
 	}

@@ -32,7 +32,7 @@ func TestSimWithRunner(t *testing.T) {
 		if res, err := r.RunFile(ctx, tokFile, modelPath, state); err != nil {
 			t.Fatalf("res %+v err %v", res, err)
 		}
-		checkStateFile(t, state, model, tokens)
+		checkStateFile(t, state, model, tokens, &DefaultGeometry)
 	})
 
 	shared := func(t *testing.T, r *provider.Runner, modelPath string) (provider.Result, func(toks []int), error) {
@@ -42,7 +42,7 @@ func TestSimWithRunner(t *testing.T) {
 			t.Fatal(err)
 		}
 		res, err := r.RunShared(ctx, tokFile, modelPath, layout, files)
-		return res, func(toks []int) { checkShared(t, h, files, model, toks) }, err
+		return res, func(toks []int) { checkShared(t, h, files, model, toks, true) }, err
 	}
 	t.Run("shared", func(t *testing.T) {
 		res, check, err := shared(t, &provider.Runner{Path: simBin, Timeout: 10 * time.Second}, modelPath)
@@ -126,13 +126,13 @@ func BenchmarkWriteShared(b *testing.B) {
 		for i := range tokens {
 			tokens[i] = simkv.WordBase + i%100
 		}
-		targets, err := Plan(&h, n)
+		targets, err := Plan(&h, n, true)
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
 			for b.Loop() {
-				if err := WriteShared(files, targets, model, tokens); err != nil {
+				if err := WriteShared(files, targets, model, tokens, 0); err != nil {
 					b.Fatal(err)
 				}
 			}

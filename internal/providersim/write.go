@@ -12,8 +12,20 @@ import (
 	"github.com/onebitd/onebitd/internal/simkv"
 )
 
+// Geometry is the model's KV shape: layers, and bytes of one cell in one
+// (layer, kind) buffer. The file route takes it from --n-layer and
+// --cell-size (the decoder's own flags, same defaults); the shared route
+// reads it from the share header.
+type Geometry struct {
+	NLayer int
+	Stride int
+}
+
+// DefaultGeometry is the decoder simulator's default (simkv's Qwen3-0.6B).
+var DefaultGeometry = Geometry{NLayer: simkv.DefaultNLayer, Stride: simkv.DefaultCellSize / (2 * simkv.DefaultNLayer)}
+
 // Prefill computes the K and V records of tokens under model, as a real
-// prefill would evaluate the prompt.
+// prefill would evaluate the prompt (layer 0's records: a compact state).
 func Prefill(model uint64, tokens []int) simkv.State {
 	recs := simkv.Chain(model, tokens)
 	st := simkv.State{Tokens: tokens, K: make([][]byte, len(recs)), V: make([][]byte, len(recs))}
@@ -32,7 +44,11 @@ func Prefill(model uint64, tokens []int) simkv.State {
 // the data goes to path+".tmp" (created anew, mode 0600), which is fsynced
 // and renamed over path, and the directory is fsynced. path therefore holds a
 // complete state or does not exist; on error the temporary file is removed.
-func WriteStateFile(path string, model uint64, tokens []int) (err error) {
+//
+// The state is full (simkv.WriteFullState: every layer's K and V of every
+// cell, n x 2 x g.NLayer x g.Stride bytes, as llama-server writes) unless
+// compact (layer 0's records, simkv.WriteState).
+func WriteStateFile(path string, model uint64, tokens []int, g Geometry, compact bool) (err error) {
 	tmp := path + ".tmp"
 	if err := os.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%w: remove stale %s: %v", ErrWrite, tmp, err)
@@ -49,7 +65,20 @@ func WriteStateFile(path string, model uint64, tokens []int) (err error) {
 			os.Remove(tmp)
 		}
 	}()
-	if err := simkv.WriteState(f, model, Prefill(model, tokens)); err != nil {
+	if compact {
+		err = simkv.WriteState(f, model, Prefill(model, tokens))
+	} else {
+		recs := simkv.Chain(model, tokens)
+		scratch := make([]byte, len(tokens)*g.Stride)
+		_, err = simkv.WriteFullState(f, model, tokens, g.NLayer, g.Stride, func(b int) []byte {
+			layer, kind := b/2, [2]string{"k", "v"}[b%2]
+			for i, r := range recs {
+				simkv.Fill(scratch[i*g.Stride:(i+1)*g.Stride], r, layer, kind)
+			}
+			return scratch
+		})
+	}
+	if err != nil {
 		return fmt.Errorf("%w: %s: %v", ErrWrite, tmp, err)
 	}
 	if err := f.Sync(); err != nil {
@@ -73,55 +102,122 @@ func WriteStateFile(path string, model uint64, tokens []int) (err error) {
 	return nil
 }
 
-// WriteShared writes the records of tokens under model into layer 0's K and V
-// regions described by targets (see Plan), in the fds passed as files
-// (indexed by fd_index). Only the RecordSize bytes at the start of each of
-// the first len(tokens) cells are written; the rest of the regions is not
-// touched. Each fd is mapped MAP_SHARED over exactly the page-aligned range
-// that holds those records, and unmapped before return.
-func WriteShared(files []*os.File, targets [2]Target, model uint64, tokens []int) error {
+// mapping is one target's cells start..n-1 (and cell start-1, to read the
+// prefix) mapped MAP_SHARED.
+type mapping struct {
+	t     Target
+	mem   []byte
+	delta int64 // offset of cell 0 relative to mem (may be negative)
+}
+
+// cell is the bytes of cell i (a full stride, or the record when compact).
+func (m *mapping) cell(i int) []byte {
+	at := m.delta + int64(i)*m.t.Stride
+	if m.t.Full {
+		return m.mem[at : at+m.t.Stride]
+	}
+	return m.mem[at : at+simkv.RecordSize]
+}
+
+// mapTarget maps the page-aligned range of t that holds cells from..n-1.
+func mapTarget(files []*os.File, t Target, from, n int) (*mapping, error) {
+	if t.FDIndex < 0 || t.FDIndex >= len(files) {
+		return nil, fmt.Errorf("%w: layer %d %s region names fd_index %d of %d fds", ErrRegion, t.Layer, t.Kind, t.FDIndex, len(files))
+	}
+	f := files[t.FDIndex]
+	end := t.Offset + t.Span(n)
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, fmt.Errorf("%w: layer %d %s region: fd %d: %v", ErrRegion, t.Layer, t.Kind, f.Fd(), os.NewSyscallError("fstat", err))
+	}
+	if st.Size < end {
+		return nil, fmt.Errorf("%w: layer %d %s region needs bytes up to %d of fd %d, which holds %d",
+			ErrRegion, t.Layer, t.Kind, end, f.Fd(), st.Size)
+	}
+	page := int64(os.Getpagesize())
+	first := t.Offset + int64(from)*t.Stride
+	base := first &^ (page - 1)
+	flags := unix.MAP_SHARED
+	if t.Full || t.Stride <= page {
+		// Every page of the range is written: fault them in with one call
+		// (about half the time of one fault per page). A compact write with
+		// larger strides would allocate pages never written.
+		flags |= unix.MAP_POPULATE
+	}
+	mem, err := unix.Mmap(int(f.Fd()), base, int(end-base), unix.PROT_READ|unix.PROT_WRITE, flags)
+	if err != nil {
+		return nil, fmt.Errorf("%w: map %d bytes at %d of fd %d: %v", ErrWrite, end-base, base, f.Fd(), os.NewSyscallError("mmap", err))
+	}
+	return &mapping{t: t, mem: mem, delta: t.Offset - base}, nil
+}
+
+// WriteShared prefills cells start..len(tokens)-1 under model into the
+// targets (see Plan), in the fds passed as files (indexed by fd_index). With
+// start > 0 the chain continues from the digest held in cell start-1 of
+// layer 0's K region, as a real prefill attends to the cells already there;
+// a cell start-1 that holds no record for position start-1 is ErrStart.
+// Each target is mapped MAP_SHARED over exactly the page-aligned range of
+// those cells and unmapped before return; nothing else is touched.
+func WriteShared(files []*os.File, targets []Target, model uint64, tokens []int, start int) (err error) {
 	n := len(tokens)
-	if n == 0 {
+	if start < 0 || start > n {
+		return fmt.Errorf("%w: --start %d outside 0..%d", ErrStart, start, n)
+	}
+	if start == n {
 		return nil
 	}
-	recs := simkv.Chain(model, tokens)
-	page := int64(os.Getpagesize())
+	maps := make([]*mapping, 0, len(targets))
+	defer func() {
+		for _, m := range maps {
+			if uerr := unix.Munmap(m.mem); uerr != nil && err == nil {
+				err = fmt.Errorf("%w: %v", ErrWrite, os.NewSyscallError("munmap", uerr))
+			}
+		}
+	}()
 	for _, t := range targets {
-		if t.FDIndex < 0 || t.FDIndex >= len(files) {
-			return fmt.Errorf("%w: %s region names fd_index %d of %d fds", ErrRegion, t.Kind, t.FDIndex, len(files))
+		from := start
+		if t.Layer == 0 && t.Kind == "k" && start > 0 {
+			from = start - 1 // the prefix's last cell is read
 		}
-		f := files[t.FDIndex]
-		end := t.Offset + t.Span(n)
-		var st unix.Stat_t
-		if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-			return fmt.Errorf("%w: layer 0 %s region: fd %d: %v", ErrRegion, t.Kind, f.Fd(), os.NewSyscallError("fstat", err))
-		}
-		if st.Size < end {
-			return fmt.Errorf("%w: layer 0 %s region needs bytes up to %d of fd %d, which holds %d",
-				ErrRegion, t.Kind, end, f.Fd(), st.Size)
-		}
-		base := t.Offset &^ (page - 1)
-		flags := unix.MAP_SHARED
-		if t.Stride <= page {
-			// Every page of the range gets a record: fault them in with
-			// one call (about half the time of one fault per page). With
-			// larger strides this would allocate pages never written.
-			flags |= unix.MAP_POPULATE
-		}
-		mem, err := unix.Mmap(int(f.Fd()), base, int(end-base), unix.PROT_WRITE, flags)
+		m, err := mapTarget(files, t, from, n)
 		if err != nil {
-			return fmt.Errorf("%w: map %d bytes at %d of fd %d: %v", ErrWrite, end-base, base, f.Fd(), os.NewSyscallError("mmap", err))
+			return err
 		}
-		put := simkv.PutK
-		if t.Kind == "v" {
-			put = simkv.PutV
+		maps = append(maps, m)
+	}
+	var prev uint64
+	if start > 0 {
+		var k0 *mapping
+		for _, m := range maps {
+			if m.t.Layer == 0 && m.t.Kind == "k" {
+				k0 = m
+			}
 		}
-		delta := t.Offset - base
+		if k0 == nil {
+			return fmt.Errorf("%w: no layer 0 k region to read the prefix from", ErrRegion)
+		}
+		r := simkv.GetK(k0.cell(start - 1))
+		if int(r.Pos) != start-1 || !simkv.Valid(r) {
+			return fmt.Errorf("%w: cell %d of the region holds no KV for position %d; --start %d needs the prompt's first %d cells there",
+				ErrStart, start-1, start-1, start, start)
+		}
+		prev = r.Digest
+	}
+	recs := make([]simkv.Record, n-start)
+	for i := range recs {
+		recs[i] = simkv.Cell(model, prev, tokens[start+i], start+i)
+		prev = recs[i].Digest
+	}
+	for _, m := range maps { // region by region: sequential writes
 		for i, r := range recs {
-			put(mem[delta+int64(i)*t.Stride:], r)
-		}
-		if err := unix.Munmap(mem); err != nil {
-			return fmt.Errorf("%w: %v", ErrWrite, os.NewSyscallError("munmap", err))
+			switch c := m.cell(start + i); {
+			case m.t.Full:
+				simkv.Fill(c, r, m.t.Layer, m.t.Kind)
+			case m.t.Kind == "v":
+				simkv.PutV(c, r)
+			default:
+				simkv.PutK(c, r)
+			}
 		}
 	}
 	return nil

@@ -180,6 +180,10 @@ func Cell(model, prevDigest uint64, token, pos int) Record {
 	return Record{Digest: d, Token: int32(token), Pos: int32(pos), Check: mix(d ^ uint64(pos))}
 }
 
+// Valid reports whether r is a record some Cell produced (its Check matches
+// its Digest and Pos): an unwritten cell (zeros) is not.
+func Valid(r Record) bool { return r.Check == mix(r.Digest^uint64(uint32(r.Pos))) }
+
 // PutK and PutV encode r into a cell's K and V records (len(b) >= RecordSize).
 func PutK(b []byte, r Record) { put(b, r, 0) }
 func PutV(b []byte, r Record) { put(b, r, vSalt) }
