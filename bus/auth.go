@@ -126,7 +126,7 @@ func identityOf(kp nkeys.KeyPair, path string) (identity, error) {
 func loadSeedFile(path string) (identity, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
-		return identity{}, err
+		return identity{}, fmt.Errorf("%w: %w", ErrCreds, err) // still fs.ErrNotExist when missing
 	}
 	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
 		return identity{}, fmt.Errorf("%w: %s has mode %04o (chmod 600 %s)", ErrCredsMode, path, perm, path)

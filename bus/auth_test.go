@@ -3,12 +3,16 @@ package bus
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 
 	"github.com/onebitd/onebitd/event"
 	"github.com/onebitd/onebitd/internal/obtest"
@@ -142,6 +146,146 @@ func TestReaderCannotForge(t *testing.T) {
 	for _, e := range evs {
 		if e.Boot != "genuine" {
 			t.Errorf("stream holds an event the daemon did not send: %+v", e)
+		}
+	}
+}
+
+// TestSeedFiles: the embedded server's identities are 0600 files in the
+// state dir, made once and kept, so that a reader's file stays valid
+// across restarts; a file open to others or not a seed is refused.
+func TestSeedFiles(t *testing.T) {
+	dir := t.TempDir()
+	b := openBus(t, Config{Listen: ListenOff, StateDir: dir})
+	pubs := map[string]string{}
+	for _, f := range []string{DaemonCredsFile, ReaderCredsFile} {
+		path := filepath.Join(dir, f)
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s mode %04o, want 0600", f, fi.Mode().Perm())
+		}
+		id, err := loadSeedFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pubs[f] = id.pub
+	}
+	if b.ReaderCreds() != ReaderCredsPath(dir) {
+		t.Errorf("ReaderCreds %q, want %q", b.ReaderCreds(), ReaderCredsPath(dir))
+	}
+	if pubs[DaemonCredsFile] == pubs[ReaderCredsFile] {
+		t.Fatal("daemon and reader share a key")
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, ".*")); len(left) != 0 {
+		t.Errorf("temporary files left: %v", left)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A restart keeps both keys.
+	b2 := openBus(t, Config{Listen: ListenOff, StateDir: dir})
+	if got := b2.creds.reader.pub; got != pubs[ReaderCredsFile] {
+		t.Errorf("reader key changed across a restart: %s → %s", pubs[ReaderCredsFile], got)
+	}
+	if got := b2.creds.daemon.pub; got != pubs[DaemonCredsFile] {
+		t.Errorf("daemon key changed across a restart: %s → %s", pubs[DaemonCredsFile], got)
+	}
+	_ = b2.Close()
+
+	// No state dir: keys in memory, no file to hand out.
+	mem, err := Open(context.Background(), Config{Listen: ListenOff, Node: "n", Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	if got := mem.ReaderCreds(); got != "" {
+		t.Errorf("ReaderCreds without a state dir = %q, want empty", got)
+	}
+
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, dir string)
+		want  error
+	}{
+		{"group readable", func(t *testing.T, dir string) {
+			if _, err := loadOrCreateCredentials(dir); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(ReaderCredsPath(dir), 0o640); err != nil {
+				t.Fatal(err)
+			}
+		}, ErrCredsMode},
+		{"not a seed", func(t *testing.T, dir string) {
+			writeFile(t, filepath.Join(dir, DaemonCredsFile), "hello\n", 0o600)
+		}, ErrCreds},
+		{"an account seed", func(t *testing.T, dir string) {
+			kp, err := nkeys.CreateAccount()
+			if err != nil {
+				t.Fatal(err)
+			}
+			seed, _ := kp.Seed()
+			writeFile(t, filepath.Join(dir, DaemonCredsFile), string(seed)+"\n", 0o600)
+		}, ErrCreds},
+		{"state dir is a file", func(t *testing.T, dir string) {
+			writeFile(t, filepath.Join(dir, "f"), "", 0o600)
+		}, ErrCreds},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := t.TempDir()
+			tt.setup(t, d)
+			sd := d
+			if tt.name == "state dir is a file" {
+				sd = filepath.Join(d, "f")
+			}
+			b, err := Open(context.Background(), Config{Listen: ListenOff, StateDir: sd, Node: "n", Logger: discardLogger()})
+			if err == nil {
+				_ = b.Close()
+				t.Fatal("Open succeeded")
+			}
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("Open: %v, want %v", err, tt.want)
+			}
+			t.Log(err)
+		})
+	}
+}
+
+func writeFile(t *testing.T, path, data string, mode os.FileMode) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, mode); err != nil { // past the umask
+		t.Fatal(err)
+	}
+}
+
+// TestSeedFileCreationRace: daemons starting together on one state dir
+// end up with one key each identity, the same for all.
+func TestSeedFileCreationRace(t *testing.T) {
+	dir := t.TempDir()
+	const n = 8
+	got := make([]*credentials, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], errs[i] = loadOrCreateCredentials(dir)
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("creator %d: %v", i, errs[i])
+		}
+		if got[i].reader.pub != got[0].reader.pub || got[i].daemon.pub != got[0].daemon.pub {
+			t.Fatalf("creator %d got other keys than creator 0", i)
 		}
 	}
 }
