@@ -1,11 +1,31 @@
 // Package bus publishes handoff events on NATS (DESIGN §5).
 //
 // By default the daemon embeds a nats-server (its log through log/slog)
-// listening on 127.0.0.1:4222, so that `nats sub 'onebit.>'` and
-// `onebitd watch` work out of the box; the bus itself talks to it
+// listening on 127.0.0.1:4222 (DefaultListen; clients look at DefaultURL),
+// so that `onebitd watch` works out of the box; the bus itself talks to it
 // in-process. With --nats-url it connects to an external server or cluster
 // instead, retrying forever with exponential backoff (jitter, capped at 5s);
 // the daemon starts even when that server is down.
+//
+// # Identities
+//
+// The embedded server admits two nkey users and nobody else, not even an
+// in-process connection:
+//
+//	daemon  <state-dir>/nats-daemon.nk  publish onebit.> and $JS.API.>, subscribe _INBOX.>
+//	reader  <state-dir>/nats-reader.nk  subscribe onebit.> and _INBOX.>; publish only the
+//	                                    read-only JetStream API calls an ordered consumer of
+//	                                    ONEBIT needs (stream info, consumer create/info/delete,
+//	                                    next message, message get); onebit.> is denied
+//
+// Each file holds one user seed (nkeys, decorated, mode 0600), is created on
+// the first start in a state dir and kept, so a reader stays valid across
+// restarts; deleting both and restarting rotates them. A file that others
+// can read is refused (ErrCredsMode). Without a state dir the keys live in
+// memory only. Clients load the reader with `--nats-creds FILE` (onebitd
+// watch/replay) or `nats --nkey FILE`. Client describes an external
+// server's identity (--nats-creds: a JWT .creds file or an nkey seed file,
+// told apart by content; --nats-nkey: a seed file) and TLS (--nats-tls-ca).
 //
 // # Subjects
 //
