@@ -7,13 +7,14 @@ import (
 	"os"
 
 	"github.com/onebitd/onebitd/bus"
+	"github.com/onebitd/onebitd/daemon"
 )
 
 // defaultStateDir is where `onebitd serve` keeps its state unless told
 // otherwise (--state-dir): watch and replay --stream look there for the
 // embedded server's reader credentials, so that `make run` then `onebitd
 // watch` works without flags.
-const defaultStateDir = "./onebitd-state"
+const defaultStateDir = daemon.DefaultStateDir
 
 // natsFlags are the NATS client flags of watch and replay --stream (and
 // any other reader of the bus): where the servers are, who we are, which
