@@ -63,12 +63,17 @@ func parseGoBench(r io.Reader, name string) ([]GoBench, error) {
 				order = append(order, k)
 			}
 			b.Runs++
-			for _, v := range rec.Values {
+			seen := map[string]bool{}
+			for i := len(rec.Values) - 1; i >= 0; i-- { // a unit twice on a line: the last one counts
+				v := rec.Values[i]
 				u, x := v.Unit, v.Value
 				if v.OrigUnit != "" { // benchfmt tidied ns/op into sec/op: keep what go test printed
 					u, x = v.OrigUnit, v.OrigValue
 				}
-				b.Values[u] = append(b.Values[u], x)
+				if !seen[u] {
+					seen[u] = true
+					b.Values[u] = append(b.Values[u], x)
+				}
 			}
 		}
 	}
