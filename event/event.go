@@ -39,6 +39,34 @@ type Event struct {
 	HTTPStatus   int      `json:"http_status,omitempty"`
 	ProviderExit *int     `json:"provider_exit,omitempty"`
 	Cleanup      *Cleanup `json:"cleanup,omitempty"`
+
+	// InFlight is set on the Shutdown line only: the requests still in the
+	// handoff or being forwarded when the process stopped cleanly.
+	InFlight *int `json:"in_flight,omitempty"`
+	// Lost is set on the event log's LostEvent marker only.
+	Lost *Lost `json:"lost,omitempty"`
+}
+
+// Lines that are not transitions (eventlog/doc.go, "Marker lines").
+const (
+	// Shutdown is the last event of a boot that stopped cleanly
+	// (Recorder.Shutdown): it carries in_flight, so that a reader can tell
+	// a clean stop from a crash and count the requests whose last events
+	// are missing.
+	Shutdown = "eventlog.shutdown"
+	// LostEvent is the line the event log writes, once it can write again,
+	// for events it could not keep (seq 0: it is not a transition; boot and
+	// node are those of the lost events).
+	LostEvent = "eventlog.lost"
+)
+
+// Lost is what a LostEvent marker says: Events events of its boot, with
+// seq from FirstSeq to LastSeq, never reached the log (Events may be less
+// than LastSeq-FirstSeq+1 when some in between were written).
+type Lost struct {
+	Events   uint64 `json:"events"`
+	FirstSeq uint64 `json:"first_seq"`
+	LastSeq  uint64 `json:"last_seq"`
 }
 
 // Cleanup is what a request's handoff released; it travels on the event that
@@ -60,23 +88,80 @@ type SinkFunc func(e *Event)
 // Emit calls f(e).
 func (f SinkFunc) Emit(e *Event) { f(e) }
 
-// Recorder stamps events with v, boot, seq, node and time, then hands them to
-// its sinks in order (the event log first, then the bus: persist before
-// publish). Seq grows by one per event within one boot, in the order the
-// sinks see them.
-type Recorder struct {
-	Node  string
-	Boot  string
-	Now   func() time.Time
-	sinks []Sink
+// LineSink is a Sink that also takes the event already encoded: the
+// Recorder encodes each event once (AppendJSON plus '\n') and hands every
+// LineSink the same line. line is immutable and shared: a LineSink may keep
+// it (without the '\n' it is the NATS payload) but must not modify it.
+// EmitLine has Emit's contract otherwise.
+type LineSink interface {
+	Sink
+	EmitLine(e *Event, line []byte)
+}
 
-	mu  sync.Mutex
-	seq uint64
+// Committer is a LineSink whose lines become durable later, the event log
+// under --event-log-sync always. The Recorder calls AppendLine under its
+// lock (in seq order; AppendLine must not do I/O) and, after releasing the
+// lock, Commit with the ticket AppendLine returned; Commit returns once the
+// line is durable, or lost and counted by the Committer. Ticket 0 means
+// nothing to wait for. Tickets grow in AppendLine order, and Commit(t)
+// makes every line up to t durable, so one caller's write and fsync serves
+// every line appended before it (group commit).
+type Committer interface {
+	LineSink
+	AppendLine(e *Event, line []byte) (ticket uint64)
+	Commit(ticket uint64)
+}
+
+// Recorder stamps events with v, boot, seq, node and time, encodes each
+// once, and hands it to its sinks in the order given to NewRecorder, which
+// is seq order for every sink.
+//
+// The first Committer among the sinks (the event log) is the persistence
+// point: sinks before it get the event at once, under the Recorder's lock;
+// sinks after it (the bus) get it once the Committer made it durable
+// (persist before publish), still in seq order. The lock is never held
+// across the Committer's write or fsync: concurrent emitters append under
+// the lock, then one of them writes and fsyncs for all (group commit), and
+// each returns once its own event was handed to every sink.
+type Recorder struct {
+	Node string
+	Boot string
+	Now  func() time.Time
+
+	before []Sink    // sinks before the committer
+	after  []Sink    // sinks after it
+	commit Committer // nil: every sink is in before
+
+	mu    sync.Mutex
+	seq   uint64
+	queue []queued // appended to the committer, not yet handed to after
+
+	pubMu sync.Mutex // one handOn at a time: the sinks after see seq order
+}
+
+// queued is an event waiting for its commit before the sinks after the
+// committer see it. e stays valid: its emitter does not return before the
+// event is handed over.
+type queued struct {
+	e    *Event
+	line []byte
 }
 
 // NewRecorder returns a Recorder with a fresh random boot id.
 func NewRecorder(node string, sinks ...Sink) *Recorder {
-	return &Recorder{Node: node, Boot: NewBoot(), Now: time.Now, sinks: sinks}
+	r := &Recorder{Node: node, Boot: NewBoot(), Now: time.Now}
+	for _, s := range sinks {
+		if c, ok := s.(Committer); ok && r.commit == nil {
+			r.commit = c
+			continue
+		}
+		if r.commit == nil {
+			r.before = append(r.before, s)
+		} else {
+			r.after = append(r.after, s)
+		}
+	}
+	return r
 }
 
 // NewBoot draws a random boot id (16 hex digits).
@@ -86,21 +171,85 @@ func NewBoot() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Emit stamps e and passes it to every sink.
+// lineBytes is the initial capacity of an event's line (most are shorter).
+const lineBytes = 384
+
+// Emit stamps e, encodes it once and passes it to every sink. Under a
+// Committer that waits (the log's always policy) it returns once e is
+// durable and every sink after the Committer has it.
 func (r *Recorder) Emit(e *Event) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.seq++
+	seq := r.seq
 	e.V = Version
 	e.Boot = r.Boot
-	e.Seq = r.seq
+	e.Seq = seq
 	e.Node = r.Node
 	if e.Time.IsZero() {
 		e.Time = r.Now()
 	}
-	for _, s := range r.sinks {
-		s.Emit(e)
+	line := append(e.AppendJSON(make([]byte, 0, lineBytes)), '\n')
+	for _, s := range r.before {
+		emit(s, e, line)
 	}
+	if r.commit == nil {
+		r.mu.Unlock()
+		return
+	}
+	ticket := r.commit.AppendLine(e, line)
+	if ticket == 0 && len(r.queue) == 0 {
+		// Nothing to wait for and nothing before it waiting: hand it on
+		// now, still in seq order.
+		for _, s := range r.after {
+			emit(s, e, line)
+		}
+		r.mu.Unlock()
+		return
+	}
+	if len(r.after) > 0 {
+		r.queue = append(r.queue, queued{e: e, line: line})
+	}
+	r.mu.Unlock()
+	r.commit.Commit(ticket)
+	if len(r.after) > 0 {
+		r.handOn(seq)
+	}
+}
+
+// handOn passes every queued event up to seq, all durable once the caller's
+// Commit returned, to the sinks after the committer, in seq order.
+func (r *Recorder) handOn(seq uint64) {
+	r.pubMu.Lock()
+	defer r.pubMu.Unlock()
+	r.mu.Lock()
+	n := 0
+	for n < len(r.queue) && r.queue[n].e.Seq <= seq {
+		n++
+	}
+	batch := append([]queued(nil), r.queue[:n]...)
+	clear(r.queue[:n])
+	r.queue = append(r.queue[:0], r.queue[n:]...)
+	r.mu.Unlock()
+	for _, q := range batch {
+		for _, s := range r.after {
+			emit(s, q.e, q.line)
+		}
+	}
+}
+
+func emit(s Sink, e *Event, line []byte) {
+	if ls, ok := s.(LineSink); ok {
+		ls.EmitLine(e, line)
+		return
+	}
+	s.Emit(e)
+}
+
+// Shutdown emits the Shutdown event, the last of a clean stop: inFlight is
+// the number of requests still in flight (0 after a full drain). Call it
+// after the last request event and before closing the sinks.
+func (r *Recorder) Shutdown(inFlight int) {
+	r.Emit(&Event{Event: Shutdown, InFlight: &inFlight})
 }
 
 // Mem is an in-memory Sink for tests and small tools.

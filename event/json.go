@@ -93,6 +93,19 @@ func (e *Event) AppendJSON(b []byte) []byte {
 		b = strconv.AppendInt(b, int64(e.Cleanup.FilesRemoved), 10)
 		b = append(b, '}')
 	}
+	if e.InFlight != nil {
+		b = append(b, `,"in_flight":`...)
+		b = strconv.AppendInt(b, int64(*e.InFlight), 10)
+	}
+	if e.Lost != nil {
+		b = append(b, `,"lost":{"events":`...)
+		b = strconv.AppendUint(b, e.Lost.Events, 10)
+		b = append(b, `,"first_seq":`...)
+		b = strconv.AppendUint(b, e.Lost.FirstSeq, 10)
+		b = append(b, `,"last_seq":`...)
+		b = strconv.AppendUint(b, e.Lost.LastSeq, 10)
+		b = append(b, '}')
+	}
 	return append(b, '}')
 }
 

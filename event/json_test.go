@@ -57,6 +57,9 @@ func sampleEvents() map[string]Event {
 		"year 0":           with(func(e *Event) { e.Time = time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC) }),
 		"lifecycle event":  {V: 1, Boot: "b", Seq: 1, Time: t0, Node: "n", Event: "decoder.ready"},
 		"non-UTC location": with(func(e *Event) { e.Time = t0.In(time.FixedZone("X", 3600)) }),
+		"shutdown line":    {V: 1, Boot: "b", Seq: 9, Time: t0, Node: "n", Event: Shutdown, InFlight: ptr(0)},
+		"loss marker": {V: 1, Boot: "b", Time: t0, Node: "n", Event: LostEvent, Reason: "no space left on device",
+			Lost: &Lost{Events: 4979, FirstSeq: 1024, LastSeq: 6002}},
 	}
 }
 

@@ -183,12 +183,14 @@ const (
 	kHTTPStatus
 	kProviderExit
 	kCleanup
+	kInFlight
+	kLost
 	kUnknown
 )
 
 var keyNames = [...]string{"v", "boot", "seq", "time", "node", "request_id", "slot", "route", "event",
 	"from", "to", "elapsed_us", "share_id", "n_tokens", "n_fds", "bytes_mapped", "reason", "step",
-	"http_status", "provider_exit", "cleanup"}
+	"http_status", "provider_exit", "cleanup", "in_flight", "lost"}
 
 // keyIndex maps a key to its field index, kUnknown if none.
 func keyIndex(key []byte) int {
@@ -320,6 +322,22 @@ func (p *parser) field(e *Event, idx int) error {
 		c := p.d.newCleanup()
 		err = p.cleanup(c)
 		e.Cleanup = c
+	case kInFlight:
+		if p.null() {
+			e.InFlight = nil
+			return nil
+		}
+		var v int
+		v, err = p.intField("in_flight")
+		e.InFlight = &v
+	case kLost:
+		if p.null() {
+			e.Lost = nil
+			return nil
+		}
+		l := new(Lost)
+		err = p.lost(l)
+		e.Lost = l
 	default:
 		err = p.skip(0)
 	}
@@ -349,6 +367,47 @@ func (p *parser) cleanup(c *Cleanup) error {
 			c.FDsClosed, err = p.intField("cleanup.fds_closed")
 		case "files_removed":
 			c.FilesRemoved, err = p.intField("cleanup.files_removed")
+		default:
+			err = p.skip(1)
+		}
+		if err != nil {
+			return err
+		}
+		p.ws()
+		if p.i < len(p.b) && p.b[p.i] == ',' {
+			p.i++
+			continue
+		}
+		return p.expect('}')
+	}
+}
+
+// lost parses the object of a LostEvent marker.
+func (p *parser) lost(l *Lost) error {
+	if err := p.expect('{'); err != nil {
+		return fmt.Errorf("lost: %w", err)
+	}
+	p.ws()
+	if p.i < len(p.b) && p.b[p.i] == '}' {
+		p.i++
+		return nil
+	}
+	for {
+		p.ws()
+		key, err := p.str()
+		if err != nil {
+			return err
+		}
+		if err := p.expect(':'); err != nil {
+			return err
+		}
+		switch string(key) {
+		case "events":
+			l.Events, err = p.uintField("lost.events")
+		case "first_seq":
+			l.FirstSeq, err = p.uintField("lost.first_seq")
+		case "last_seq":
+			l.LastSeq, err = p.uintField("lost.last_seq")
 		default:
 			err = p.skip(1)
 		}

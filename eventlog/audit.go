@@ -1,6 +1,7 @@
 package eventlog
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -29,8 +30,15 @@ const (
 	// RuleFallbackReasons: a fallback event without a reason, or a reason on
 	// an event other than fallback and fail.
 	RuleFallbackReasons = "fallback-reasons"
-	// RuleSeqGap: within one node and boot, seq did not grow by exactly one.
+	// RuleSeqGap: within one node and boot, seq did not grow by exactly one,
+	// and no loss marker of the log names the missing events.
 	RuleSeqGap = "seq-gap"
+	// RuleEventsLost: the log says it lost events (a loss marker: "N events
+	// lost between seq A and B"), a request's events no longer follow on
+	// from each other after such a loss, or a boot that stopped cleanly
+	// (its shutdown line) left more requests unfinished than it said were in
+	// flight: their last events were lost.
+	RuleEventsLost = "events-lost"
 )
 
 // Decoder lifecycle events (no request fields). A starting or exited decoder
@@ -69,13 +77,26 @@ func (v Violation) String() string {
 
 // Report is the outcome of an audit.
 type Report struct {
-	Events     int         `json:"events"`
-	Boots      int         `json:"boots"`
-	Requests   int         `json:"requests"`
-	Done       int         `json:"done"`
-	Failed     int         `json:"failed"`
-	Fallbacks  int         `json:"fallbacks"`
-	InFlight   []string    `json:"in_flight"` // request ids, in order of first event
+	Events    int `json:"events"`
+	Boots     int `json:"boots"`
+	Requests  int `json:"requests"`
+	Done      int `json:"done"`
+	Failed    int `json:"failed"`
+	Fallbacks int `json:"fallbacks"`
+	// InFlight: requests without a final event at the end of a boot that
+	// may still be running (the last boot of its node, no shutdown line),
+	// or that its shutdown line counted in flight. Ids in first-event order.
+	InFlight []string `json:"in_flight"`
+	// Interrupted: requests without a final event in a boot that ended
+	// without a shutdown line and was followed by a later boot of its node
+	// (a crash, a kill -9, or a disk that stayed full to the end).
+	Interrupted []string `json:"interrupted"`
+	// Incomplete: requests without a final event in a boot whose shutdown
+	// line counted fewer in flight: their last events were lost
+	// (RuleEventsLost names the boot).
+	Incomplete []string `json:"incomplete"`
+	// Lost: the log's loss markers, in order.
+	Lost       []LostRange `json:"lost"`
 	Violations []Violation `json:"violations"`
 	// Timelines holds each request's events when Auditor.KeepTimelines is set.
 	Timelines map[string][]event.Event `json:"timelines,omitempty"`
@@ -89,11 +110,16 @@ type bootKey struct{ node, boot string }
 // bootState is what the audit knows of one node's boot: requests and
 // share ids live within a boot.
 type bootState struct {
-	lastSeq uint64
-	decoder int                  // bumped by each decoder lifecycle start/exit: share_id lifetime
-	reqs    map[string]*reqState // requests not ended yet
-	ended   map[uint64]struct{}  // hashes (hashID) of the ended requests' ids
-	adopted map[shareKey]uint64  // adopted share ids, 64 per bitmap word
+	key      bootKey
+	lastSeq  uint64
+	lost     [][2]uint64 // seq ranges named by loss markers
+	shutdown *int        // in_flight of the shutdown line, if one was seen
+	shutLine int
+	shutSrc  string
+	decoder  int                  // bumped by each decoder lifecycle start/exit: share_id lifetime
+	reqs     map[string]*reqState // requests not ended yet
+	ended    map[uint64]struct{}  // hashes (hashID) of the ended requests' ids
+	adopted  map[shareKey]uint64  // adopted share ids, 64 per bitmap word
 }
 
 // hashID is FNV-1a 64 of a request id. The set of ended requests holds
@@ -179,9 +205,13 @@ func (a *Auditor) violate(line int, id, rule, format string, args ...any) {
 
 // Add audits one event read at line of the current source.
 func (a *Auditor) Add(line int, e event.Event) {
-	a.report.Events++
 	bs := a.boot(e.Node, e.Boot)
-	if bs.lastSeq != 0 && e.Seq != bs.lastSeq+1 {
+	if e.Event == event.LostEvent {
+		a.addLoss(line, bs, &e)
+		return
+	}
+	a.report.Events++
+	if bs.lastSeq != 0 && e.Seq != bs.lastSeq+1 && !(e.Seq > bs.lastSeq && bs.covered(bs.lastSeq+1, e.Seq-1)) {
 		if e.Seq > bs.lastSeq {
 			a.violate(line, e.RequestID, RuleSeqGap, "boot %s seq %d follows %d: %d events missing",
 				e.Boot, e.Seq, bs.lastSeq, e.Seq-bs.lastSeq-1)
@@ -197,6 +227,12 @@ func (a *Auditor) Add(line int, e event.Event) {
 		case DecoderStarting, DecoderExited:
 			bs.decoder++
 		case DecoderReady:
+		case event.Shutdown:
+			n := 0
+			if e.InFlight != nil {
+				n = *e.InFlight
+			}
+			bs.shutdown, bs.shutLine, bs.shutSrc = &n, line, a.source()
 		default:
 			a.violate(line, "", RuleIllegalTransition, "event %q has no request_id", e.Event)
 		}
@@ -222,6 +258,9 @@ func (a *Auditor) Add(line int, e event.Event) {
 	switch {
 	case !machine.Legal(from, ev, to):
 		a.violate(line, r.id, RuleIllegalTransition, "%s: %s → %s is not in the transition table", e.Event, e.From, e.To)
+	case from != r.state && len(bs.lost) > 0:
+		a.violate(line, r.id, RuleEventsLost, "%s from %s, but the log last saw the request in %s: its events in between were lost",
+			e.Event, e.From, r.state)
 	case from != r.state:
 		a.violate(line, r.id, RuleIllegalTransition, "%s from %s, but the request is in %s", e.Event, e.From, r.state)
 	}
@@ -275,7 +314,7 @@ func (a *Auditor) boot(node, boot string) *bootState {
 	}
 	bs := a.boots[k]
 	if bs == nil {
-		bs = &bootState{reqs: make(map[string]*reqState), ended: make(map[uint64]struct{}),
+		bs = &bootState{key: k, reqs: make(map[string]*reqState), ended: make(map[uint64]struct{}),
 			adopted: make(map[shareKey]uint64)}
 		a.boots[k] = bs
 		a.bootList = append(a.bootList, bs)
@@ -283,6 +322,53 @@ func (a *Auditor) boot(node, boot string) *bootState {
 	}
 	a.lastBoot, a.lastBS = k, bs
 	return bs
+}
+
+// LostRange is a loss marker of the log: Events events of a node's boot, seq
+// FirstSeq to LastSeq, never reached it.
+type LostRange struct {
+	Node     string `json:"node"`
+	Boot     string `json:"boot"`
+	Events   uint64 `json:"events"`
+	FirstSeq uint64 `json:"first_seq"`
+	LastSeq  uint64 `json:"last_seq"`
+	Reason   string `json:"reason,omitempty"`
+	Source   string `json:"source,omitempty"`
+	Line     int    `json:"line"`
+}
+
+// String is "4979 events lost between seq 1024 and 6002 (node n1, boot b)".
+func (l LostRange) String() string {
+	return fmt.Sprintf("%d events lost between seq %d and %d (node %s, boot %s)", l.Events, l.FirstSeq, l.LastSeq, l.Node, l.Boot)
+}
+
+func (a *Auditor) addLoss(line int, bs *bootState, e *event.Event) {
+	l := LostRange{Node: e.Node, Boot: e.Boot, Reason: e.Reason, Source: a.source(), Line: line}
+	if e.Lost != nil {
+		l.Events, l.FirstSeq, l.LastSeq = e.Lost.Events, e.Lost.FirstSeq, e.Lost.LastSeq
+	}
+	a.report.Lost = append(a.report.Lost, l)
+	bs.lost = append(bs.lost, [2]uint64{l.FirstSeq, l.LastSeq})
+	slices.SortFunc(bs.lost, func(x, y [2]uint64) int { return cmp.Compare(x[0], y[0]) })
+	reason := ""
+	if l.Reason != "" {
+		reason = ": " + l.Reason
+	}
+	a.violate(line, "", RuleEventsLost, "%s; the log could not write them%s", l, reason)
+}
+
+// covered reports whether every seq from first to last is in a range a loss
+// marker named.
+func (bs *bootState) covered(first, last uint64) bool {
+	for _, r := range bs.lost {
+		if r[0] <= first && r[1] >= first {
+			first = r[1] + 1
+			if first > last {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (a *Auditor) checkAdopt(line int, bs *bootState, r *reqState, e *event.Event) {
@@ -333,21 +419,49 @@ func (a *Auditor) end(r *reqState) {
 	r.events = nil
 }
 
-// Finish ends the audit: requests that did not reach done or failed are
-// reported in flight (their timelines handed over in first-seen order), and
-// the report is returned. Call it once.
+// Finish ends the audit and returns the report. Requests that did not
+// reach done or failed are sorted by what their boot says (doc.go, "End of
+// a boot"): in flight, interrupted (the boot crashed) or incomplete (a
+// clean shutdown counted fewer in flight: a violation); their timelines are
+// handed over in first-seen order. Call it once.
 func (a *Auditor) Finish() Report {
-	var open []*reqState
-	for _, bs := range a.bootList {
+	type openReq struct {
+		r    *reqState
+		list *[]string
+	}
+	var open []openReq
+	later := make(map[string]bool) // nodes with a later boot, walking backwards
+	for i := len(a.bootList) - 1; i >= 0; i-- {
+		bs := a.bootList[i]
+		list := &a.report.InFlight
+		switch {
+		case bs.shutdown != nil && len(bs.reqs) > *bs.shutdown:
+			list = &a.report.Incomplete
+			a.report.Violations = append(a.report.Violations, Violation{Rule: RuleEventsLost, Source: bs.shutSrc, Line: bs.shutLine,
+				Detail: fmt.Sprintf("boot %s (node %s) stopped cleanly with %d requests in flight, but %d have no final event: their last events were lost",
+					bs.key.boot, bs.key.node, *bs.shutdown, len(bs.reqs))})
+		case bs.shutdown == nil && later[bs.key.node]:
+			list = &a.report.Interrupted
+		}
+		later[bs.key.node] = true
 		for _, r := range bs.reqs {
-			open = append(open, r)
+			open = append(open, openReq{r, list})
 		}
 	}
-	slices.SortFunc(open, func(x, y *reqState) int { return x.order - y.order })
+	slices.SortFunc(open, func(x, y openReq) int { return x.r.order - y.r.order })
 	a.report.InFlight = make([]string, 0, len(open))
-	for _, r := range open {
-		a.report.InFlight = append(a.report.InFlight, r.id)
-		a.end(r)
+	for _, o := range open {
+		*o.list = append(*o.list, o.r.id)
+		a.end(o.r)
+	}
+	if a.report.Interrupted == nil {
+		a.report.Interrupted = []string{}
+	}
+	if a.report.Incomplete == nil {
+		a.report.Incomplete = []string{}
+	}
+	if a.report.Lost == nil {
+		a.report.Lost = []LostRange{}
 	}
 	if a.report.Violations == nil {
 		a.report.Violations = []Violation{}

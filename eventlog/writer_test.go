@@ -425,7 +425,7 @@ func TestEmitAfterClose(t *testing.T) {
 	}
 	w.Emit(sampleEvent(0))
 	w.Emit(sampleEvent(1))
-	if st := w.Stats(); st.Dropped != 2 {
+	if st := w.Stats(); st.Lost != 2 {
 		t.Fatalf("stats %+v", st)
 	}
 	if !errors.Is(w.Close(), ErrClosed) || !errors.Is(w.Sync(), ErrClosed) {
@@ -436,48 +436,138 @@ func TestEmitAfterClose(t *testing.T) {
 	}
 }
 
+// faultFile is the log file with injected faults: while err is set, Write
+// and Allocate fail with it (after writing partial bytes of a Write, like a
+// disk filling mid-write); while hold is not nil, Write blocks on it (a hung
+// disk).
+type faultFile struct {
+	osFile
+	mu      sync.Mutex
+	err     error
+	partial int
+	hold    chan struct{}
+}
+
+func (f *faultFile) set(err error, partial int) {
+	f.mu.Lock()
+	f.err, f.partial = err, partial
+	f.mu.Unlock()
+}
+
+func (f *faultFile) Write(p []byte) (int, error) {
+	f.mu.Lock()
+	err, partial, hold := f.err, f.partial, f.hold
+	f.mu.Unlock()
+	if hold != nil {
+		<-hold
+	}
+	if err != nil {
+		n, _ := f.osFile.Write(p[:min(partial, len(p))])
+		return n, err
+	}
+	return f.osFile.Write(p)
+}
+
+func (f *faultFile) Allocate(off, n int64) error {
+	f.mu.Lock()
+	err := f.err
+	f.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return f.osFile.Allocate(off, n)
+}
+
+// inject wraps w's file in a faultFile; call before w writes anything.
+func inject(w *Writer) *faultFile {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	f := &faultFile{osFile: w.f.(osFile)}
+	w.f = f
+	return f
+}
+
+// TestWriteErrorsCountedNotFatal injects write failures (EIO with a partial
+// line written, ENOSPC): Emit goes on, every lost event is counted and
+// reported through OnLoss with the running count, and once writes succeed a
+// marker line names the loss, so that replay says "N events lost between
+// seq A and B" instead of a silent seq gap.
 func TestWriteErrorsCountedNotFatal(t *testing.T) {
-	for _, policy := range []SyncPolicy{SyncAlways, SyncBatch} {
-		t.Run(policy.String(), func(t *testing.T) {
+	for _, tt := range []struct {
+		policy SyncPolicy
+		err    error
+	}{
+		{SyncAlways, syscall.EIO}, {SyncBatch, syscall.EIO}, {SyncAlways, syscall.ENOSPC}, {SyncBatch, syscall.ENOSPC},
+	} {
+		t.Run(tt.policy.String()+" "+tt.err.Error(), func(t *testing.T) {
 			logger, logs := testLogger(t)
 			path := filepath.Join(t.TempDir(), "events.jsonl")
-			w, _, err := Open(path, policy, logger)
+			w, _, err := Open(path, tt.policy, logger)
 			if err != nil {
 				t.Fatal(err)
 			}
-			// Swap the file for a read-only descriptor: every write fails.
-			w.writeMu.Lock()
-			good := w.f
-			ro, err := os.Open(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			w.f = ro
-			w.writeMu.Unlock()
+			var mu sync.Mutex
+			var reports []Loss
+			w.SetOnLoss(func(l Loss) { mu.Lock(); reports = append(reports, l); mu.Unlock() })
+			f := inject(w)
 			rec := event.NewRecorder("n1", w)
+			rec.Emit(sampleEvent(0))
+			_ = w.Sync()
+			f.set(tt.err, 40) // the disk fails, mid-line
 			for i := range 5 {
-				rec.Emit(sampleEvent(i))
+				rec.Emit(sampleEvent(1 + i))
 			}
 			_ = w.Sync()
 			st := w.Stats()
-			if st.WriteErrors == 0 || st.Dropped != 5 || st.Events != 0 {
+			if st.WriteErrors == 0 || st.Lost != 5 || st.Events != 1 || w.Lost() != 5 {
 				t.Fatalf("stats %+v", st)
 			}
-			if strings.Count(logs.String(), "level=ERROR") != 1 {
-				t.Fatalf("want one error line per failure episode: %s", logs)
-			}
-			// The disk comes back: writes resume.
-			w.writeMu.Lock()
-			w.f = good
-			w.writeMu.Unlock()
-			ro.Close()
-			rec.Emit(sampleEvent(5))
+			obtest.WaitFor(t, 5*time.Second, "a loss report", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(reports) > 0
+			})
+			f.set(nil, 0) // the disk is back
+			rec.Emit(sampleEvent(6))
+			rec.Shutdown(0)
 			if err := w.Close(); err != nil {
 				t.Fatal(err)
 			}
 			evs, _ := readAll(t, path)
-			if len(evs) != 1 || evs[0].Seq != 6 || !strings.Contains(logs.String(), "recovered") {
-				t.Fatalf("after recovery: %d events %+v; logs %s", len(evs), evs, logs)
+			if len(evs) != 4 || evs[0].Seq != 1 || evs[1].Event != event.LostEvent || evs[2].Seq != 7 ||
+				evs[3].Event != event.Shutdown {
+				t.Fatalf("after recovery: %+v", evs)
+			}
+			if l := evs[1].Lost; l == nil || *l != (event.Lost{Events: 5, FirstSeq: 2, LastSeq: 6}) || evs[1].Seq != 0 ||
+				evs[1].Boot != rec.Boot || !strings.Contains(evs[1].Reason, tt.err.Error()) {
+				t.Fatalf("marker %+v lost %+v", evs[1], evs[1].Lost)
+			}
+			mu.Lock()
+			last := reports[len(reports)-1]
+			mu.Unlock()
+			if !last.Recovered || last.Events != 5 || last.FirstSeq != 2 || last.LastSeq != 6 || last.Total != 5 {
+				t.Fatalf("reports %+v", reports)
+			}
+			rep, err := Replay(Files([]string{path}, nil), NewAuditor())
+			if err != nil {
+				t.Fatal(err)
+			}
+			named := 0
+			for _, v := range rep.Violations { // sampleEvent is no legal walk: other rules fire too
+				if v.Rule == RuleSeqGap {
+					t.Fatalf("silent hole: %v", v)
+				}
+				if v.Rule == RuleEventsLost && strings.Contains(v.Detail, "5 events lost between seq 2 and 6") {
+					named++
+				}
+			}
+			if named != 1 || len(rep.Lost) != 1 || rep.Lost[0].Events != 5 {
+				t.Fatalf("violations %v, lost %v", rep.Violations, rep.Lost)
+			}
+			for _, want := range []string{"lost_total=5", "writing again", "recovered"} {
+				if !strings.Contains(logs.String(), want) {
+					t.Errorf("no %q in the log: %s", want, logs)
+				}
 			}
 		})
 	}
@@ -637,9 +727,10 @@ func BenchmarkReplay(b *testing.B) {
 	b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "events/s")
 }
 
-// TestStalledDiskDropsInsteadOfBlocking holds the file (as a hung disk
-// would): Emit keeps returning, memory stops at MaxPendingBytes, the excess
-// is dropped and counted, and writing resumes when the disk does.
+// TestStalledDiskDropsInsteadOfBlocking hangs the file's writes (as a hung
+// disk would): Emit keeps returning, memory stops at MaxPendingBytes, the
+// excess is lost and counted, and when the disk is back the log catches up
+// and a marker names the loss.
 func TestStalledDiskDropsInsteadOfBlocking(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fills MaxPendingBytes")
@@ -650,10 +741,14 @@ func TestStalledDiskDropsInsteadOfBlocking(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.writeMu.Lock() // the disk hangs
+	f := inject(w)
+	hold := make(chan struct{})
+	f.mu.Lock()
+	f.hold = hold // the disk hangs
+	f.mu.Unlock()
 	rec := event.NewRecorder("n1", w)
 	n := 0
-	for ; w.Stats().Dropped == 0; n++ {
+	for ; w.Stats().Lost == 0; n++ {
 		if n > MaxPendingBytes/100 {
 			t.Fatalf("no drop after %d events", n)
 		}
@@ -663,10 +758,13 @@ func TestStalledDiskDropsInsteadOfBlocking(t *testing.T) {
 		rec.Emit(sampleEvent(n))
 		n++
 	}
-	if dropped := w.Stats().Dropped; dropped != 1001 {
-		t.Fatalf("dropped %d, want 1001", dropped)
+	if lost := w.Stats().Lost; lost != 1001 {
+		t.Fatalf("lost %d, want 1001", lost)
 	}
-	w.writeMu.Unlock() // the disk is back
+	f.mu.Lock()
+	f.hold = nil
+	f.mu.Unlock()
+	close(hold) // the disk is back
 	if err := w.Sync(); err != nil {
 		t.Fatal(err)
 	}
@@ -675,14 +773,23 @@ func TestStalledDiskDropsInsteadOfBlocking(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := w.Stats()
-	if st.Events+st.Dropped != uint64(n+1) || st.WriteErrors != 0 {
+	if st.Events+st.Lost != uint64(n+1) || st.WriteErrors != 0 || st.Markers != 1 {
 		t.Fatalf("stats %+v for %d events", st, n+1)
 	}
-	if !strings.Contains(logs.String(), "events dropped") || !strings.Contains(logs.String(), "caught up") {
+	if !strings.Contains(logs.String(), "not keeping up") || !strings.Contains(logs.String(), "writing again") {
 		t.Fatalf("logs: %s", logs)
 	}
 	evs, _ := readAll(t, path)
-	if uint64(len(evs)) != st.Events {
-		t.Fatalf("%d events in the file, stats say %d", len(evs), st.Events)
+	if uint64(len(evs)) != st.Events+st.Markers {
+		t.Fatalf("%d lines in the file, stats say %d events + %d markers", len(evs), st.Events, st.Markers)
+	}
+	rep, err := Replay(Files([]string{path}, nil), NewAuditor())
+	if err != nil || len(rep.Lost) != 1 || rep.Lost[0].Events != 1001 {
+		t.Fatalf("replay: %v %v %v", rep.Lost, rep.Violations, err)
+	}
+	for _, v := range rep.Violations {
+		if v.Rule == RuleSeqGap {
+			t.Fatalf("silent hole: %v", v)
+		}
 	}
 }
