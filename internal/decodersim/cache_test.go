@@ -365,3 +365,21 @@ func slotBytes(srv *Server, id, n int) []byte {
 	}
 	return out
 }
+
+// TestPromptMsPerToken: --prompt-ms-per-token makes prompt evaluation take
+// at least that long per evaluated token, reported in timings.prompt_ms; a
+// handed-over prompt (prompt_n 1) pays for one token.
+func TestPromptMsPerToken(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.PromptMsPerToken = 2
+	s := startSim(t, cfg)
+	p := simkv.Tokenize(promptText, true)
+	c := s.complete(map[string]any{"prompt": promptText, "n_predict": 1})
+	if c.Timings.PromptN != len(p) || c.Timings.PromptMs < 2*float64(len(p)) {
+		t.Errorf("prompt_n %d prompt_ms %.2f, want %d and at least %d", c.Timings.PromptN, c.Timings.PromptMs, len(p), 2*len(p))
+	}
+	c = s.complete(map[string]any{"prompt": promptText, "n_predict": 1})
+	if c.Timings.PromptN != 1 || c.Timings.PromptMs < 2 || c.Timings.PromptMs > float64(len(p)) {
+		t.Errorf("cached prompt: prompt_n %d prompt_ms %.2f, want 1 and about 2", c.Timings.PromptN, c.Timings.PromptMs)
+	}
+}

@@ -27,10 +27,13 @@ func TestParseArgs(t *testing.T) {
 			return c.NCtx == 8192 && c.NParallel == 4 && !c.flashAttn() && c.NBatch == 1024 && c.NUbatch == 256 && c.CacheTypeK == "q8_0" &&
 				c.CacheTypeV == "q8_0" && c.Port == 0 && c.Host == "0.0.0.0" && strings.HasSuffix(c.SlotSavePath, "/")
 		}, ""},
-		{"sim flags", []string{"-m", model, "--recurrent", "--chunk-size", "512MiB", "--loading-delay", "2s", "--token-delay", "5ms", "--lax-share-id", "--no-slots"},
+		{"sim flags", []string{"-m", model, "--recurrent", "--chunk-size", "512MiB", "--loading-delay", "2s", "--token-delay", "5ms", "--lax-share-id", "--no-slots",
+			"--compact", "--prompt-ms-per-token", "0.25"},
 			func(c Config) bool {
-				return c.Recurrent && c.ChunkSize == 512<<20 && c.LoadingDelay == 2*time.Second && c.TokenDelay == 5*time.Millisecond && c.LaxShareID && c.NoSlots
+				return c.Recurrent && c.ChunkSize == 512<<20 && c.LoadingDelay == 2*time.Second && c.TokenDelay == 5*time.Millisecond && c.LaxShareID && c.NoSlots &&
+					c.Compact && c.PromptMsPerToken == 0.25
 			}, ""},
+		{"negative prompt time", []string{"-m", model, "--prompt-ms-per-token", "-1"}, nil, "must not be negative"},
 		{"-c 0 is the model's context", []string{"-m", model, "-c", "0"}, func(c Config) bool { return c.NCtx == 4096 }, ""},
 		{"ubatch clamped to batch", []string{"-m", model, "-b", "256", "-ub", "512"}, func(c Config) bool { return c.NUbatch == 256 }, ""},
 		{"no model", []string{"-c", "512"}, nil, "-m/--model is required"},

@@ -75,8 +75,11 @@ func (srv *Server) generate(ctx context.Context, s *slot, p genParams, emit emit
 		s.tokens = append(s.tokens, p.prompt[i])
 	}
 	s.nCached.Store(int64(len(s.tokens)))
-	res.promptMs = msSince(t0)
 	res.promptN, res.cacheN = len(p.prompt)-keep, keep
+	if err := srv.spend(ctx, t0, srv.cfg.PromptMsPerToken*float64(res.promptN)); err != nil {
+		return srv.finish(res, s, "", t0), err
+	}
+	res.promptMs = msSince(t0)
 
 	nPredict := p.nPredict
 	if nPredict < 0 {
@@ -141,6 +144,24 @@ func (srv *Server) finish(res genResult, s *slot, content string, t1 time.Time) 
 	res.tokensCached = len(s.tokens)
 	res.predictedMs = msSince(t1)
 	return res
+}
+
+// spend waits until ms milliseconds have passed since t0, or ctx ends
+// (--prompt-ms-per-token: the simulated prompt evaluation time, reported in
+// timings.prompt_ms with the real work).
+func (srv *Server) spend(ctx context.Context, t0 time.Time, ms float64) error {
+	d := time.Duration(ms*float64(time.Millisecond)) - time.Since(t0)
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // tokenDelay sleeps --token-delay, or less if ctx ends.

@@ -134,11 +134,11 @@ type completion struct {
 	TokensCached int    `json:"tokens_cached"`
 	TokensEval   int    `json:"tokens_evaluated"`
 	Timings      struct {
-		PromptN     int `json:"prompt_n"`
-		CacheN      int `json:"cache_n"`
-		PredictedN  int `json:"predicted_n"`
-		PromptMs    float64
-		PredictedMs float64
+		PromptN     int     `json:"prompt_n"`
+		CacheN      int     `json:"cache_n"`
+		PredictedN  int     `json:"predicted_n"`
+		PromptMs    float64 `json:"prompt_ms"`
+		PredictedMs float64 `json:"predicted_ms"`
 	} `json:"timings"`
 }
 

@@ -266,3 +266,19 @@ func TestSimHangEndsOnSIGTERM(t *testing.T) {
 		}
 	}
 }
+
+// TestSimTimeKnobs: --fixed-ms F --ms-per-token T make a run take at least
+// F + T x tokens.
+func TestSimTimeKnobs(t *testing.T) {
+	dir := t.TempDir()
+	modelPath, _ := writeModel(t, dir, "a")
+	tokFile := writeTokens(t, dir, "[1,1000,1001,1002,1003,1004,1005,1006,1007,1008]")
+	r := runSim(t, context.Background(), nil, "--fixed-ms", "40", "--ms-per-token", "3", "--compact",
+		"--tokens", tokFile, "--model", modelPath, "--state", filepath.Join(dir, "s.bin"))
+	if r.code != 0 || r.elapsed < 70*time.Millisecond {
+		t.Fatalf("exit %d after %v, want 0 after at least 70ms", r.code, r.elapsed)
+	}
+	if r := runSim(t, context.Background(), nil, "--fixed-ms", "-1", "--tokens", tokFile, "--model", modelPath, "--state", filepath.Join(dir, "s.bin")); r.code != 2 {
+		t.Fatalf("negative --fixed-ms: exit %d %q", r.code, r.lastLine)
+	}
+}

@@ -355,6 +355,11 @@ func TestMainUsage(t *testing.T) {
 		{"fail code", []string{"--fail", "--exit-code", "7", "--tokens", "t", "--model", "m", "--state", "s"}, 7, "simulated failure"},
 		{"bad fds", []string{"--tokens", "t", "--model", "m", "--layout", "l", "--fds", "3,x"}, 2, `bad fd "x" in --fds`},
 		{"closed fd", []string{"--tokens", "t", "--model", "m", "--layout", "l", "--fds", "1000"}, 2, "fd 1000 of --fds is not open"},
+		{"serve without socket", []string{"--serve"}, 2, "--serve takes --socket and no job flags"},
+		{"serve with a job", []string{"--serve", "--socket", "/tmp/x.sock", "--tokens", "t"}, 2, "--serve takes --socket and no job flags"},
+		{"socket without serve", []string{"--socket", "/tmp/x.sock"}, 2, "--socket needs --serve"},
+		{"bad cell size", []string{"--tokens", "t", "--model", "m", "--state", "s", "--cell-size", "100"}, 2, "--cell-size 100"},
+		{"negative start", []string{"--tokens", "t", "--model", "m", "--layout", "l", "--fds", "3", "--start", "-1"}, 2, "--start -1"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
