@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -175,7 +176,7 @@ func TestPlotIsWellFormedSVG(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := xml.NewDecoder(&b)
-	lines := 0
+	lines, whiskers := 0, 0
 	for {
 		tok, err := d.Token()
 		if errors.Is(err, io.EOF) {
@@ -187,9 +188,15 @@ func TestPlotIsWellFormedSVG(t *testing.T) {
 		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "polyline" {
 			lines++
 		}
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "line" && slices.Contains(se.Attr, xml.Attr{Name: xml.Name{Local: "stroke-width"}, Value: "1"}) {
+			whiskers++
+		}
 	}
 	if lines != 4 {
 		t.Fatalf("%d polylines, want 4 (2 routes x raw/own)", lines)
+	}
+	if want := 4 * len(HandoffSizes); whiskers != want {
+		t.Fatalf("%d confidence-interval whiskers, want %d (one per point)", whiskers, want)
 	}
 }
 

@@ -6,14 +6,14 @@ import (
 	"math"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/onebitd/onebitd/machine"
 )
 
 // Plot writes an SVG line chart of the decoder-facing handoff time (median,
 // onebitd process) and onebitd's own handling (median, in-process) against
-// prompt tokens, for both routes.
+// prompt tokens, for both routes; each point has a whisker over its 95 %
+// confidence interval where it has one.
 func (h *HandoffResult) Plot(w io.Writer) error {
 	const (
 		width, height            = 760, 440
@@ -21,20 +21,21 @@ func (h *HandoffResult) Plot(w io.Writer) error {
 	)
 	type series struct {
 		name, color, dash string
-		pick              func(*HandoffRow) time.Duration
+		pick              func(*HandoffRow) Summary
 		route             string
 	}
 	all := []series{
-		{"file: restore phase", "#c0392b", "", func(r *HandoffRow) time.Duration { return r.Handoff.Median }, string(machine.RouteFile)},
-		{"shared: share + adopt phases", "#2471a3", "", func(r *HandoffRow) time.Duration { return r.Handoff.Median }, string(machine.RouteShared)},
-		{"file: onebitd's own", "#c0392b", "6,4", func(r *HandoffRow) time.Duration { return r.Handling.Median }, string(machine.RouteFile)},
-		{"shared: onebitd's own", "#2471a3", "6,4", func(r *HandoffRow) time.Duration { return r.Handling.Median }, string(machine.RouteShared)},
+		{"file: restore phase", "#c0392b", "", func(r *HandoffRow) Summary { return r.Handoff }, string(machine.RouteFile)},
+		{"shared: share + adopt phases", "#2471a3", "", func(r *HandoffRow) Summary { return r.Handoff }, string(machine.RouteShared)},
+		{"file: onebitd's own", "#c0392b", "6,4", func(r *HandoffRow) Summary { return r.Handling }, string(machine.RouteFile)},
+		{"shared: onebitd's own", "#2471a3", "6,4", func(r *HandoffRow) Summary { return r.Handling }, string(machine.RouteShared)},
 	}
 	maxY := 0.0
 	for _, s := range all {
 		for _, n := range HandoffSizes {
 			if row := h.Row(s.route, n); row != nil {
-				maxY = math.Max(maxY, float64(s.pick(row))/1e6)
+				sm := s.pick(row)
+				maxY = math.Max(maxY, float64(max(sm.Median, sm.Hi))/1e6)
 			}
 		}
 	}
@@ -46,7 +47,7 @@ func (h *HandoffResult) Plot(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
 	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", width, height)
-	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="15">Handoff time vs prompt length (median)</text>`+"\n", left)
+	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="15">Handoff time vs prompt length (median, 95 %% CI)</text>`+"\n", left)
 	// axes and grid
 	for i := 0; i <= 5; i++ {
 		v := maxY * float64(i) / 5
@@ -64,10 +65,16 @@ func (h *HandoffResult) Plot(w io.Writer) error {
 	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="middle">prompt tokens</text>`+"\n", (left+width-right)/2, height-12)
 	fmt.Fprintf(&b, `<text x="18" y="%d" text-anchor="middle" transform="rotate(-90 18 %d)">ms</text>`+"\n", (top+height-bottom)/2, (top+height-bottom)/2)
 	for i, s := range all {
-		var pts []string
+		var pts, whiskers []string
 		for _, n := range HandoffSizes {
 			if row := h.Row(s.route, n); row != nil {
-				pts = append(pts, fmt.Sprintf("%.1f,%.1f", px(float64(n)), py(float64(s.pick(row))/1e6)))
+				sm := s.pick(row)
+				pts = append(pts, fmt.Sprintf("%.1f,%.1f", px(float64(n)), py(float64(sm.Median)/1e6)))
+				if sm.HasCI {
+					x := px(float64(n))
+					whiskers = append(whiskers, fmt.Sprintf(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="1"/>`,
+						x, py(float64(sm.Lo)/1e6), x, py(float64(sm.Hi)/1e6), s.color))
+				}
 			}
 		}
 		if len(pts) == 0 {
@@ -81,6 +88,9 @@ func (h *HandoffResult) Plot(w io.Writer) error {
 		for _, p := range pts {
 			xy := strings.Split(p, ",")
 			fmt.Fprintf(&b, `<circle cx="%s" cy="%s" r="3" fill="%s"/>`+"\n", xy[0], xy[1], s.color)
+		}
+		for _, w := range whiskers {
+			b.WriteString(w + "\n")
 		}
 		ly := top + 20 + 22*i
 		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"%s/>`+"\n", width-right+12, ly, width-right+40, ly, s.color, dash)
