@@ -20,6 +20,7 @@ import (
 
 	"github.com/onebitd/onebitd/event"
 	"github.com/onebitd/onebitd/internal/obtest"
+	"github.com/onebitd/onebitd/schemas"
 )
 
 const childEnv = "EVENTLOG_TEST_CHILD_LOG"
@@ -537,6 +538,15 @@ func TestWriteErrorsCountedNotFatal(t *testing.T) {
 			if len(evs) != 4 || evs[0].Seq != 1 || evs[1].Event != event.LostEvent || evs[2].Seq != 7 ||
 				evs[3].Event != event.Shutdown {
 				t.Fatalf("after recovery: %+v", evs)
+			}
+			raw, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, line := range bytes.SplitAfter(bytes.TrimSuffix(raw, []byte("\n")), []byte("\n")) {
+				if err := schemas.Validate(schemas.KindEvent, line); err != nil {
+					t.Fatalf("%s: %v", line, err)
+				}
 			}
 			if l := evs[1].Lost; l == nil || *l != (event.Lost{Events: 5, FirstSeq: 2, LastSeq: 6}) || evs[1].Seq != 0 ||
 				evs[1].Boot != rec.Boot || !strings.Contains(evs[1].Reason, tt.err.Error()) {

@@ -49,6 +49,10 @@ func TestEventSchema(t *testing.T) {
 		To: "fallback", Reason: "provider exited with status 1", Step: "provider", ProviderExit: ptr(1),
 		Cleanup: &event.Cleanup{FDsClosed: 3, FilesRemoved: 2}})
 	lifecycle := stamped(event.Event{Event: "decoder.exited", Reason: "signal: killed"})
+	shutdown := stamped(event.Event{Event: event.Shutdown, InFlight: ptr(0)})
+	marker := stamped(event.Event{Event: event.LostEvent, Reason: "no space left on device",
+		Lost: &event.Lost{Events: 4979, FirstSeq: 1023, LastSeq: 6001}})
+	marker.Seq = 0
 	tests := []struct {
 		name  string
 		doc   string
@@ -80,6 +84,15 @@ func TestEventSchema(t *testing.T) {
 		{"lifecycle with states", edit(lifecycle, func(m map[string]any) { m["to"] = "done" }), false},
 		{"http status 42", edit(adopt, func(m map[string]any) { m["http_status"] = 42 }), false},
 		{"not an object", `[1]`, false},
+		{"shutdown line", eventJSON(shutdown), true},
+		{"shutdown without in_flight", edit(shutdown, func(m map[string]any) { delete(m, "in_flight") }), false},
+		{"shutdown with a request", edit(shutdown, func(m map[string]any) { m["request_id"] = "r-1" }), false},
+		{"in_flight on a transition", edit(adopt, func(m map[string]any) { m["in_flight"] = 0 }), false},
+		{"loss marker", eventJSON(marker), true},
+		{"loss marker with a seq", edit(marker, func(m map[string]any) { m["seq"] = 3 }), false},
+		{"loss marker without lost", edit(marker, func(m map[string]any) { delete(m, "lost") }), false},
+		{"loss marker without reason", edit(marker, func(m map[string]any) { delete(m, "reason") }), false},
+		{"lost on a transition", edit(adopt, func(m map[string]any) { m["lost"] = map[string]any{"events": 1, "first_seq": 1, "last_seq": 1} }), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -240,7 +253,7 @@ func TestEventEnumsMatchMachine(t *testing.T) {
 			states = append(states, string(f))
 		}
 	}
-	events = append(events, "decoder.starting", "decoder.ready", "decoder.exited")
+	events = append(events, "decoder.starting", "decoder.ready", "decoder.exited", event.Shutdown, event.LostEvent)
 	states = append(states, "")
 	routes := []string{string(machine.RoutePlain), string(machine.RouteFile), string(machine.RouteShared), string(machine.RouteFallback), ""}
 	norm := func(v []string) []string { v = slices.Clone(v); slices.Sort(v); return slices.Compact(v) }
@@ -304,6 +317,7 @@ func TestRandomWalkEventsValidate(t *testing.T) {
 		}
 	}
 	rec.Emit(&event.Event{Event: "decoder.exited", Reason: "exit status 0"})
+	rec.Shutdown(0)
 	for i, line := range lines {
 		if err := Validate(KindEvent, line); err != nil {
 			t.Fatalf("event %d: %s: %v", i, line, err)
