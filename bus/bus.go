@@ -86,6 +86,11 @@ type Config struct {
 	Listen    string // --nats-listen for the embedded server: host:port, "off", port 0/-1 = random
 	JetStream bool   // --jetstream: create or bind stream ONEBIT on "onebit.>"
 	StoreDir  string // JetStream store of the embedded server (under the state dir)
+	// Stream ONEBIT as onebitd creates it, or updates it when it binds one
+	// whose value differs (zero: the server's default, or leave as is).
+	StreamReplicas int           // --stream-replicas (a cluster: 3)
+	StreamMaxAge   time.Duration // --stream-max-age
+	StreamMaxBytes int64         // --stream-max-bytes
 	// StateDir (--state-dir) holds the embedded server's identities,
 	// DaemonCredsFile and ReaderCredsFile (0600, created on first start).
 	// Empty: the keys live in memory and only this process can connect.
@@ -120,9 +125,9 @@ type Stats struct {
 type item struct {
 	subject string
 	data    []byte
-	node    string // for Nats-Msg-Id; empty ⇒ no id (Publish)
-	request string
-	seq     uint64
+	node string // for Nats-Msg-Id; empty ⇒ no id (Publish)
+	boot string
+	seq  uint64
 }
 
 // Bus publishes events on NATS without ever blocking its callers.
@@ -315,11 +320,7 @@ func (b *Bus) Emit(e *event.Event) {
 	if node == "" {
 		node = b.cfg.Node
 	}
-	req := e.RequestID
-	if req == "" {
-		req = e.Boot
-	}
-	b.enqueue(item{subject: b.subjectOf(e), data: data, node: node, request: req, seq: e.Seq})
+	b.enqueue(item{subject: b.subjectOf(e), data: data, node: node, boot: e.Boot, seq: e.Seq})
 }
 
 // Publish queues data for subject (an event that is not a handoff
@@ -441,14 +442,14 @@ func (b *Bus) publish(it item) {
 	b.published.Add(1)
 }
 
-// msgID is the Nats-Msg-Id of an event: "<node>/<request>/<seq>" (the boot
-// id stands in for the request of a non-request event).
+// msgID is the Nats-Msg-Id of an event: "<node>/<boot>/<seq>", unique
+// because seq grows by one per event within a boot (issue 14).
 func msgID(it item) string {
 	var sb strings.Builder
-	sb.Grow(len(it.node) + len(it.request) + 22)
+	sb.Grow(len(it.node) + len(it.boot) + 22)
 	sb.WriteString(it.node)
 	sb.WriteByte('/')
-	sb.WriteString(it.request)
+	sb.WriteString(it.boot)
 	sb.WriteByte('/')
 	sb.WriteString(strconv.FormatUint(it.seq, 10))
 	return sb.String()

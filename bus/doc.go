@@ -56,11 +56,12 @@
 // # JetStream
 //
 // With --jetstream the bus binds the stream ONEBIT, or creates it on
-// "onebit.>" with file storage (in the state dir for the embedded server),
-// and publishes asynchronously with a bounded window of unacknowledged
-// messages. Every event carries the header Nats-Msg-Id
-// "<node>/<request>/<seq>" (the boot id stands in for the request of a
-// non-request event), so the server drops a duplicate resent within its
-// duplicate window. StreamEvents reads the stream back for
+// "onebit.>" with file storage (in the state dir for the embedded server)
+// and the limits of Config.Stream* (which it also applies to a stream it
+// binds), and publishes asynchronously with a bounded window of
+// unacknowledged messages: acknowledgements are handled by nats.go's
+// goroutine, never on the request path. Every event carries the header
+// Nats-Msg-Id "<node>/<boot>/<seq>", so the server drops a duplicate resent
+// within its duplicate window. StreamEvents reads the stream back for
 // `onebitd replay --stream`.
 package bus

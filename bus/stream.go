@@ -111,31 +111,58 @@ func (b *Bus) keepStream() {
 	}
 }
 
-// ensureStream binds the stream ONEBIT if it exists (its configuration is
-// left to whoever made it, e.g. replicas on a cluster) or creates it on
-// "onebit.>" with file storage.
+// ensureStream binds the stream ONEBIT if it exists, updating the limits
+// the configuration sets (Stream*) where they differ and leaving the rest
+// to whoever made it, or creates it on "onebit.>" with file storage and
+// those limits.
 func (b *Bus) ensureStream(ctx context.Context) error {
 	s, err := b.js.Stream(ctx, StreamName)
 	if err == nil {
-		if subj := s.CachedInfo().Config.Subjects; !slices.Contains(subj, StreamSubjects) {
+		cur := s.CachedInfo().Config
+		if !slices.Contains(cur.Subjects, StreamSubjects) {
 			b.log.Warn("jetstream stream exists without onebit.>: some events will not be stored",
-				logKeyStream, StreamName, "subjects", subj)
+				logKeyStream, StreamName, "subjects", cur.Subjects)
+		}
+		if want, changed := b.streamLimits(cur); changed {
+			if _, err := b.js.UpdateStream(ctx, want); err != nil {
+				return fmt.Errorf("bus: update stream %s to replicas %d, max age %v, max bytes %d: %w",
+					StreamName, want.Replicas, want.MaxAge, want.MaxBytes, err)
+			}
+			b.log.Info("jetstream stream limits updated", logKeyStream, StreamName,
+				"replicas", want.Replicas, "max_age", want.MaxAge, "max_bytes", want.MaxBytes)
 		}
 		return nil
 	}
 	if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return fmt.Errorf("bus: look up stream %s: %w", StreamName, err)
 	}
-	_, err = b.js.CreateStream(ctx, jetstream.StreamConfig{
+	cfg, _ := b.streamLimits(jetstream.StreamConfig{
 		Name:        StreamName,
 		Description: "onebitd handoff events",
 		Subjects:    []string{StreamSubjects},
 		Storage:     jetstream.FileStorage,
 	})
+	_, err = b.js.CreateStream(ctx, cfg)
 	if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return fmt.Errorf("bus: create stream %s on %s: %w", StreamName, StreamSubjects, err)
+		return fmt.Errorf("bus: create stream %s on %s (replicas %d): %w", StreamName, StreamSubjects, cfg.Replicas, err)
 	}
 	return nil
+}
+
+// streamLimits applies the configured Stream* limits to c and reports
+// whether that changed it.
+func (b *Bus) streamLimits(c jetstream.StreamConfig) (jetstream.StreamConfig, bool) {
+	changed := false
+	if r := b.cfg.StreamReplicas; r > 0 && c.Replicas != r {
+		c.Replicas, changed = r, true
+	}
+	if a := b.cfg.StreamMaxAge; a > 0 && c.MaxAge != a {
+		c.MaxAge, changed = a, true
+	}
+	if n := b.cfg.StreamMaxBytes; n > 0 && c.MaxBytes != n {
+		c.MaxBytes, changed = n, true
+	}
+	return c, changed
 }
 
 // streamFetchBatch and streamFetchWait bound one pull of StreamEvents.

@@ -71,7 +71,7 @@ func TestJetStreamEmbedded(t *testing.T) {
 	}
 	obtest.WaitFor(t, 10*time.Second, "acks", func() bool { return b.Stats().Published == n })
 
-	// Each message carries Nats-Msg-Id <node>/<request>/<seq>.
+	// Each message carries Nats-Msg-Id <node>/<boot>/<seq> (issue 14).
 	js, _ := jetstream.New(nc)
 	s, _ := js.Stream(context.Background(), StreamName)
 	for _, seq := range []uint64{1, 7, n} {
@@ -80,7 +80,7 @@ func TestJetStreamEmbedded(t *testing.T) {
 			t.Fatal(err)
 		}
 		e := want[seq-1]
-		if got, w := m.Header.Get(nats.MsgIdHdr), fmt.Sprintf("node-a/%s/%d", e.RequestID, e.Seq); got != w {
+		if got, w := m.Header.Get(nats.MsgIdHdr), fmt.Sprintf("node-a/%s/%d", e.Boot, e.Seq); got != w {
 			t.Errorf("message %d Nats-Msg-Id %q, want %q", seq, got, w)
 		}
 	}
@@ -269,4 +269,41 @@ func startNATSStore(t *testing.T, port int, store string) *server.Server {
 	}
 	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
 	return srv
+}
+
+// TestStreamLimits: --stream-replicas, --stream-max-age and
+// --stream-max-bytes shape the stream onebitd creates, and are applied to
+// a stream it binds when they differ.
+func TestStreamLimits(t *testing.T) {
+	store := t.TempDir()
+	b := openBus(t, Config{Listen: ListenOff, JetStream: true, StoreDir: store,
+		StreamReplicas: 1, StreamMaxAge: time.Hour, StreamMaxBytes: 1 << 20})
+	nc, err := b.InProcessConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := streamInfo(t, nc)
+	nc.Close()
+	if c := info.Config; c.Replicas != 1 || c.MaxAge != time.Hour || c.MaxBytes != 1<<20 {
+		t.Fatalf("created stream: replicas %d, max age %v, max bytes %d", c.Replicas, c.MaxAge, c.MaxBytes)
+	}
+	_ = b.Close()
+
+	// A restart with other limits updates the stream it binds.
+	b2 := openBus(t, Config{Listen: ListenOff, JetStream: true, StoreDir: store, StreamMaxAge: 2 * time.Hour})
+	nc2, err := b2.InProcessConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc2.Close()
+	if c := streamInfo(t, nc2).Config; c.MaxAge != 2*time.Hour || c.MaxBytes != 1<<20 {
+		t.Fatalf("bound stream: max age %v (want 2h), max bytes %d (want kept)", c.MaxAge, c.MaxBytes)
+	}
+
+	// Three replicas need a cluster: a single server says so at Open.
+	_, err = Open(context.Background(), Config{Listen: ListenOff, JetStream: true, StoreDir: t.TempDir(),
+		StreamReplicas: 3, Node: "n", StateDir: t.TempDir(), Logger: discardLogger()})
+	if err == nil || !strings.Contains(err.Error(), "replicas") {
+		t.Fatalf("Open with 3 replicas on one server: %v, want an error about replicas", err)
+	}
 }
