@@ -125,9 +125,9 @@ type Stats struct {
 type item struct {
 	subject string
 	data    []byte
-	node string // for Nats-Msg-Id; empty ⇒ no id (Publish)
-	boot string
-	seq  uint64
+	node    string // for Nats-Msg-Id; empty ⇒ no id (Publish)
+	boot    string
+	seq     uint64
 }
 
 // Bus publishes events on NATS without ever blocking its callers.
