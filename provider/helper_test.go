@@ -3,6 +3,7 @@ package provider
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/onebitd/onebitd/internal/obtest"
+	"github.com/onebitd/onebitd/provjob"
 )
 
 // The test binary doubles as the provider: with GO_WANT_HELPER_PROCESS=1 and
@@ -27,6 +29,9 @@ func TestMain(m *testing.M) {
 	// workers too): "-helper" as first argument tells a provider.
 	if os.Getenv(helperEnv) == "1" && len(os.Args) > 1 && os.Args[1] == "-helper" {
 		os.Exit(helperMain(os.Args[1:]))
+	}
+	if os.Getenv(helperEnv) == "1" && len(os.Args) > 1 && os.Args[1] == "--serve" {
+		os.Exit(warmMain(os.Args[2:]))
 	}
 	os.Setenv(helperEnv, "1")                // inherited by the providers the tests start
 	os.Setenv("GORACE", "atexit_sleep_ms=0") // a -race child otherwise sleeps 1s on exit 0
@@ -87,6 +92,28 @@ func helperMain(args []string) int {
 		_, err = r.RunShared(context.Background(), "t", "m", "l", []*os.File{region})
 		fmt.Fprintln(os.Stderr, "the provider returned:", err)
 		return 1
+	case "warm-daemon":
+		// Acts as onebitd with a warm provider (socket rest[1]) given a job
+		// that hangs holding a memfd named rest[2]; writes the provider's pid
+		// to rest[0] once it holds the region.
+		w, err := StartWarm(context.Background(), WarmConfig{Path: os.Args[0], Socket: rest[1]})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fd, err := unix.MemfdCreate(rest[2], unix.MFD_CLOEXEC)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		region := os.NewFile(uintptr(fd), rest[2])
+		if err := writePID(rest[0], w.PID()); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		_, err = w.Run(context.Background(), &provjob.Job{Version: 1, Route: "shared", Tokens: []int{1}, Model: "hang", Layout: []byte("{}")}, []*os.File{region})
+		fmt.Fprintln(os.Stderr, "the job returned:", err)
+		return 1
 	case "hang-grandchild", "exit-grandchild", "ok-grandchild":
 		gc := exec.Command(os.Args[0], "-helper", "sleep")
 		gc.Stderr = os.Stderr // the grandchild holds stderr open
@@ -128,6 +155,73 @@ func helperMain(args []string) int {
 	}
 	fmt.Fprintf(os.Stderr, "helper: unknown mode %q\n", mode)
 	return 2
+}
+
+// warmMain is a warm provider (DESIGN §2c): --socket PATH [-start MODE].
+// Each job's model names what it does: "fail" answers a failure, "hang"
+// keeps writing into the job's regions and never answers, "die" exits
+// mid-job, "garbage" answers bytes that are no reply; anything else
+// succeeds.
+func warmMain(args []string) int {
+	var sock, mode string
+	for i := 0; i+1 < len(args); i += 2 {
+		switch args[i] {
+		case "--socket":
+			sock = args[i+1]
+		case "-start":
+			mode = args[i+1]
+		}
+	}
+	switch mode {
+	case "crash":
+		fmt.Fprintln(os.Stderr, "cannot load the model")
+		return 2
+	case "never-listen":
+		time.Sleep(time.Hour)
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Fprintln(os.Stderr, "serving on", sock)
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		go warmJob(c)
+	}
+}
+
+func warmJob(c *net.UnixConn) {
+	defer c.Close()
+	job, files, err := provjob.ReadJob(c, time.Time{})
+	if err != nil {
+		return // the supervisor's readiness probe
+	}
+	reply := provjob.Reply{OK: true, NTokens: len(job.Tokens) - job.Start, PrefillMs: 1}
+	switch job.Model {
+	case "fail":
+		reply = provjob.Reply{Reason: "simulated failure"}
+	case "hang":
+		for {
+			for _, f := range files {
+				f.WriteAt([]byte("late"), 0)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	case "die":
+		fmt.Fprintln(os.Stderr, "dying mid-job")
+		os.Exit(3)
+	case "garbage":
+		provjob.CloseFiles(files)
+		provjob.WriteFrame(c, []byte("not a reply"), nil, time.Time{})
+		return
+	}
+	provjob.CloseFiles(files)
+	provjob.WriteReply(c, reply, time.Time{})
 }
 
 // writePID writes pid to path atomically (a reader never sees half of it).

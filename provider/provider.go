@@ -89,7 +89,7 @@ type Runner struct {
 
 // Result describes one run.
 type Result struct {
-	ExitCode int           // exit status; -1 if the provider did not exit by itself (signal, timeout, not started)
+	ExitCode int           // exit status; -1 if the provider did not exit by itself (signal, timeout, not started); Warm.Run: 0 ok, 1 failed the job, -1 else
 	Reason   string        // the fallback reason ("" on success)
 	Duration time.Duration // from start to exit
 	TimedOut bool          // killed because the timeout (or the caller's deadline) expired
@@ -97,7 +97,7 @@ type Result struct {
 
 // Error is a failed run; Error() is the fallback reason.
 type Error struct {
-	Kind   error // ErrProviderStart, ErrProviderExit, ErrProviderTimeout or ErrProviderCanceled
+	Kind   error // ErrProviderStart, ErrProviderExit, ErrProviderTimeout, ErrProviderCanceled; Warm.Run also ErrProviderNotReady, ErrProviderFailed, ErrProviderLost
 	Reason string
 	Err    error // the underlying cause (exec or context error), may be nil
 }
