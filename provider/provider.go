@@ -1,6 +1,10 @@
 // Package provider runs a prefill provider (DESIGN §2) for one request: the
 // file route (--state) or the shared route (--layout, --fds with the region
-// fds inherited at 3, 4, …).
+// fds inherited at 3, 4, …). Warm (warm.go) supervises the other mode, one
+// long-lived provider fed jobs over a unix socket (DESIGN §2c, package
+// provjob): Run kills the provider's process group and waits until it is
+// gone before it returns a timeout, a cancellation or a lost job, so nothing
+// writes into the decoder's KV after the request fell back.
 //
 // The provider's exit status decides success. On failure the returned error's
 // text is the fallback reason: what happened and the provider's last
