@@ -177,7 +177,9 @@ func newEnv(t *testing.T, o envOpts) *env {
 	if o.simModel != "" {
 		simModel = o.simModel
 	}
-	simArgs := append([]string{"--port", "0", "-m", simModel, "-c", "20480", "--slot-save-path", e.slotDir}, o.simArgs...)
+	// --compact: layer 0's records only, for speed (the honest full-cell gate
+	// is internal/providersim's TestGateHonest).
+	simArgs := append([]string{"--port", "0", "-m", simModel, "-c", "20480", "--slot-save-path", e.slotDir, "--compact"}, o.simArgs...)
 	e.sim, e.simURL = start(t, bins.sim, reSim, simArgs...)
 	args := []string{"serve", "--listen", "127.0.0.1:0", "--decoder-url", e.simURL, "--state-dir", e.stateDir,
 		"--slot-dir", e.slotDir, "--model", e.model, "--log-format", "json", "--nats-listen", "off",
@@ -188,6 +190,9 @@ func newEnv(t *testing.T, o envOpts) *env {
 			pb = o.providerBin
 		}
 		args = append(args, "--provider", pb)
+		if o.providerBin == "" {
+			args = append(args, "--provider-arg=--compact")
+		}
 	}
 	if o.share {
 		args = append(args, "--kv-share")

@@ -85,7 +85,7 @@ func newPlainStack(ctx context.Context, c *Config, name string, bare bool) (*pla
 		return nil, err
 	}
 	s := &plainStack{}
-	s.sim, s.simURL, err = startSim(ctx, c, model, "-c", "4096", "-np", fmt.Sprint(proxySlots))
+	s.sim, s.simURL, err = startSim(ctx, c, model, "-c", "4096", "-np", fmt.Sprint(proxySlots), "--compact")
 	if err != nil {
 		return nil, err
 	}
