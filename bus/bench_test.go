@@ -114,3 +114,30 @@ func TestRedactURLs(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkEmitLine is Emit with the line the Recorder already encoded.
+func BenchmarkEmitLine(b *testing.B) {
+	bus := openBus(b, Config{Listen: ListenOff, noPublisher: true, QueueSize: 1 << 16})
+	stop := make(chan struct{})
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		for {
+			select {
+			case <-bus.q:
+			case <-stop:
+				return
+			}
+		}
+	}()
+	e := testEvent("node-a", "boot1", 3)
+	line := append(e.AppendJSON(nil), '\n')
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		bus.EmitLine(e, line)
+	}
+	b.StopTimer()
+	close(stop)
+	<-drained
+}

@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -158,7 +159,7 @@ type Bus struct {
 	bo   *backoff.ExponentialBackOff
 }
 
-var _ event.Sink = (*Bus)(nil)
+var _ event.LineSink = (*Bus)(nil)
 
 // Open starts the embedded server (cfg.URLs empty) or connects to an
 // external one, sets up JetStream if asked, and starts the publisher. An
@@ -315,7 +316,22 @@ func (b *Bus) Emit(e *event.Event) {
 		return
 	}
 	defer b.entered.Add(-1)
-	data := e.AppendJSON(make([]byte, 0, encodeBufSize))
+	b.enqueueEvent(e, e.AppendJSON(make([]byte, 0, encodeBufSize)))
+}
+
+// EmitLine is Emit with e already encoded by the Recorder (one line of the
+// event log, '\n' included, shared and immutable): the payload is line
+// without its newline, and nothing is encoded again. It implements
+// event.LineSink.
+func (b *Bus) EmitLine(e *event.Event, line []byte) {
+	if !b.enter() {
+		return
+	}
+	defer b.entered.Add(-1)
+	b.enqueueEvent(e, bytes.TrimSuffix(line, []byte{'\n'}))
+}
+
+func (b *Bus) enqueueEvent(e *event.Event, data []byte) {
 	node := e.Node
 	if node == "" {
 		node = b.cfg.Node

@@ -492,3 +492,30 @@ func TestServerLogAdapterLevels(t *testing.T) {
 		t.Errorf("fatal message not kept: %v", got)
 	}
 }
+
+// TestEmitLineSendsTheRecordersBytes: through a Recorder, the bus publishes
+// the log's line without its newline, in seq order.
+func TestEmitLineSendsTheRecordersBytes(t *testing.T) {
+	b := openBus(t, Config{Listen: ListenOff})
+	nc, err := b.InProcessConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	c := subscribe(t, nc, "onebit.>")
+	var lines [][]byte
+	logSink := event.SinkFunc(func(e *event.Event) { lines = append(lines, append(e.AppendJSON(nil), '\n')) })
+	r := event.NewRecorder("node-a", logSink, b)
+	const n = 50
+	for i := range n {
+		e := testEvent("", "", i)
+		e.Node, e.Boot, e.Seq = "", "", 0
+		r.Emit(e)
+	}
+	obtest.WaitFor(t, 5*time.Second, "events", func() bool { return c.len() == n })
+	for i, m := range c.snapshot() {
+		if want := strings.TrimSuffix(string(lines[i]), "\n"); string(m.Data) != want {
+			t.Fatalf("message %d:\n got %s\nwant %s", i, m.Data, want)
+		}
+	}
+}
