@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/eventlog"
 	"github.com/onebitd/onebitd/fdpass"
 	"github.com/onebitd/onebitd/internal/obtest"
 	"github.com/onebitd/onebitd/machine"
@@ -37,9 +38,10 @@ const noExit = -100
 // Ways a client (or the daemon) cuts a handoff short, besides the decoder's
 // own hooks (clientLeaves, leaves).
 const (
-	goneBefore   = "before"   // the request's ctx is cancelled before Run
-	goneProvider = "provider" // the client leaves once the provider runs
-	drainInProv  = "drain"    // Drain once the provider runs
+	goneBefore   = "before"        // the request's ctx is cancelled before Run
+	goneProvider = "provider"      // the client leaves once the provider runs
+	drainInProv  = "drain"         // Drain once the provider runs
+	drainInRecv  = "drain-receive" // Drain while onebitd waits for the share message
 )
 
 // clientGone is how every reason of a client that left starts (the
@@ -119,6 +121,8 @@ func fallbackCases() []fbCase {
 			step: machine.StepReceive, reason: fdpass.ErrCtrunc.Error(), exit: noExit, files: 1},
 		{name: "client gone while waiting for the message", share: clientLeavesAfter(connectSilent),
 			step: machine.StepReceive, reason: clientGone, exit: noExit, files: 1},
+		{name: "onebitd drains while waiting for the message", cut: drainInRecv,
+			step: machine.StepReceive, reason: ErrDraining.Error(), exit: noExit, files: 1},
 		{name: "client gone before the decoder connects", share: clientLeavesAfter(noConnect),
 			step: machine.StepReceive, reason: clientGone, exit: noExit, files: 1},
 
@@ -238,7 +242,7 @@ func newRig(t *testing.T, file bool, prov string, noProv bool, provTO time.Durat
 	if file {
 		route = machine.RouteFile
 	}
-	r.m = machine.New(NewRequestID(), 0, route, r.ev, nil)
+	r.m = machine.New(NewRequestID(), 0, route, event.NewRecorder("test", r.ev), nil)
 	return r
 }
 
@@ -263,6 +267,10 @@ func runFallback(t *testing.T, tc fbCase) {
 	case goneBefore:
 		r.cancel()
 		close(cutDone)
+	case drainInRecv:
+		r.dec.share = clientLeavesAfter(connectSilent)
+		r.dec.cancel = r.h.Drain
+		close(cutDone)
 	case goneProvider, drainInProv:
 		cut := r.cancel
 		if tc.cut == drainInProv {
@@ -276,8 +284,16 @@ func runFallback(t *testing.T, tc fbCase) {
 	default:
 		close(cutDone)
 	}
+	start := time.Now()
 	reason := r.h.Run(r.ctx, r.m, testTokens)
+	took := time.Since(start)
 	<-cutDone
+
+	// No case waits out a default deadline (30 s here): a fault is noticed
+	// when it happens, a client that leaves is let go at once.
+	if took > 10*time.Second {
+		t.Errorf("the handoff took %v to fall back", took)
+	}
 
 	checkFallback(t, r, tc.step, reason)
 	ev := lastEvent(r.ev)
@@ -307,8 +323,28 @@ func runFallback(t *testing.T, tc fbCase) {
 			t.Errorf("provider %d still runs after the fallback", pid)
 		}
 	}
+	checkAudit(t, r)
 	r.dec.closeHeld()
 	checkNoFDLeft(t, base)
+}
+
+// checkAudit forwards and finishes the request and has replay's auditor
+// read its events: legal transitions, cleanup facts that cover what was
+// received, one reason per fallback.
+func checkAudit(t *testing.T, r *rig) {
+	t.Helper()
+	for _, ev := range []machine.Event{machine.EvForward, machine.EvFinish} {
+		if err := r.m.Fire(ev, machine.Attrs{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := eventlog.NewAuditor()
+	for i, e := range r.ev.Events() {
+		a.Add(i+1, e)
+	}
+	if rep := a.Finish(); !rep.OK() {
+		t.Errorf("the audit refuses the handoff's events: %+v", rep.Violations)
+	}
 }
 
 // checkFallback asserts what every fallback has in common: the reason is
