@@ -207,3 +207,24 @@ func TestReadKeyFile(t *testing.T) {
 		t.Fatalf("missing file: %v", err)
 	}
 }
+
+// FuzzParseKeyFile: whatever a key file holds, a key that comes out can go
+// in a header as is, and New accepts it.
+func FuzzParseKeyFile(f *testing.F) {
+	f.Add([]byte("abc\n"))
+	f.Add([]byte("\r\n  key-2 \r\nother\n"))
+	f.Add([]byte("two words\n"))
+	f.Add([]byte("\x00\xff\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		key, err := parseKeyFile(b)
+		if err != nil {
+			return
+		}
+		if key == "" || strings.ContainsAny(key, " \t\r\n\x00") || !strings.Contains(string(b), key) {
+			t.Fatalf("key %q from %q", key, b)
+		}
+		if _, err := New("http://127.0.0.1:1", nil, WithAPIKey(key)); err != nil {
+			t.Fatalf("New refused key %q: %v", key, err)
+		}
+	})
+}

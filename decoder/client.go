@@ -211,17 +211,26 @@ func ReadKeyFile(path string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", ErrKeyFile, err)
 	}
+	key, err := parseKeyFile(b)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s: %s", ErrKeyFile, path, err)
+	}
+	return key, nil
+}
+
+// parseKeyFile returns the first key of a key file's content.
+func parseKeyFile(b []byte) (string, error) {
 	for line := range strings.SplitSeq(string(b), "\n") {
 		key := strings.TrimSpace(line)
 		if key == "" {
 			continue
 		}
 		if !validKey(key) {
-			return "", fmt.Errorf("%w: %s: the key holds spaces or control characters", ErrKeyFile, path)
+			return "", errors.New("the key holds spaces or control characters")
 		}
 		return key, nil
 	}
-	return "", fmt.Errorf("%w: %s holds no key", ErrKeyFile, path)
+	return "", errors.New("it holds no key")
 }
 
 // validKey reports whether key can travel in a header: no space, no control
