@@ -228,3 +228,32 @@ func FuzzParseKeyFile(f *testing.F) {
 		}
 	})
 }
+
+// nopRT answers every request with an empty 200 without I/O.
+type nopRT struct{}
+
+func (nopRT) RoundTrip(*http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: 200, Body: http.NoBody}, nil
+}
+
+// BenchmarkKeyTransport: what the bearer key adds to a forwarded request
+// (a clone of the request and one header).
+func BenchmarkKeyTransport(b *testing.B) {
+	req, _ := http.NewRequest(http.MethodPost, "http://127.0.0.1:1/completion", http.NoBody)
+	for k, v := range map[string]string{"Content-Type": "application/json", "User-Agent": "bench", "Accept": "*/*", "X-Request-Id": "abc"} {
+		req.Header.Set(k, v)
+	}
+	for _, tc := range []struct {
+		name string
+		rt   http.RoundTripper
+	}{{"none", nopRT{}}, {"key", &keyTransport{base: nopRT{}, auth: "Bearer " + strings.Repeat("k", 64)}}} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := tc.rt.RoundTrip(req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

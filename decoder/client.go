@@ -191,8 +191,17 @@ type keyTransport struct {
 }
 
 func (t *keyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	r2 := r.Clone(r.Context()) // a RoundTripper must not modify its request
-	r2.Header.Set("Authorization", t.auth)
+	// A RoundTripper must not modify its request: a shallow copy with its
+	// own header map (Clone would copy the URL, trailers and more too).
+	r2 := r.WithContext(r.Context())
+	h := make(http.Header, len(r.Header)+1)
+	for k, v := range r.Header {
+		if k != "Authorization" {
+			h[k] = v
+		}
+	}
+	h["Authorization"] = []string{t.auth}
+	r2.Header = h
 	return t.base.RoundTrip(r2)
 }
 
