@@ -153,7 +153,7 @@ func (r *Results) handoffMarkdown(b *strings.Builder) {
 	for _, route := range []string{string(machine.RouteFile), string(machine.RouteShared)} {
 		raw := h.ratio(route, func(r *HandoffRow) Rounds { return r.HandoffRounds })
 		own := h.ratio(route, func(r *HandoffRow) Rounds { return r.HandlingRounds })
-		fmt.Fprintf(b, "| %s | %.2f | %s | %.2f | %s |\n", route, raw.Center, fmtStatCI(raw, "%.2f"), own.Center, fmtStatCI(own, "%.2f"))
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", route, fmtRatio(raw.Center), dash(fmtRatioCI(raw)), fmtRatio(own.Center), dash(fmtRatioCI(own)))
 	}
 	b.WriteString("\n")
 }

@@ -260,3 +260,14 @@ func FuzzParseGoBench(f *testing.F) {
 		}
 	})
 }
+
+func TestFmtRatio(t *testing.T) {
+	for x, want := range map[float64]string{0: "0.00", 0.0016: "0.0016", 0.06: "0.06", 0.25: "0.25", 1.854: "1.85", 12: "12.00"} {
+		if got := fmtRatio(x); got != want {
+			t.Errorf("fmtRatio(%v) = %q, want %q", x, got, want)
+		}
+	}
+	if got := fmtRatioCI(Stat{N: 9, Lo: 0.0011, Hi: 0.0029, HasCI: true}); got != "0.0011 – 0.0029" {
+		t.Errorf("fmtRatioCI = %q", got)
+	}
+}

@@ -97,7 +97,7 @@ func durTarget(what string, s Summary, goal time.Duration) Target {
 // figure without a goal.
 func ratioTarget(what string, st Stat, goal float64, detail string) Target {
 	t := atMost(what, st.Center, st.Lo, st.Hi, goal, st.HasCI)
-	t.Measured, t.CI = fmt.Sprintf("%.2f", st.Center), fmtStatCI(st, "%.2f")
+	t.Measured, t.CI = fmtRatio(st.Center), fmtRatioCI(st)
 	if detail != "" {
 		t.Measured += " (" + detail + ")"
 	}
@@ -231,12 +231,22 @@ func fmtCI(s Summary) string {
 	return fmtDur(s.Lo) + " – " + fmtDur(s.Hi)
 }
 
-func fmtStatCI(st Stat, f string) string {
+// fmtRatio is a ratio with two decimals, or two significant digits below
+// 0.1 (0.0016 rather than 0.00).
+func fmtRatio(x float64) string {
+	if x != 0 && x < 0.1 && x > -0.1 {
+		return fmt.Sprintf("%.2g", x)
+	}
+	return fmt.Sprintf("%.2f", x)
+}
+
+// fmtRatioCI is a ratio's interval, "lo – hi", or why there is none.
+func fmtRatioCI(st Stat) string {
 	switch {
 	case st.N == 0:
 		return ""
 	case !st.HasCI:
 		return fmt.Sprintf("none (n = %d < 6)", st.N)
 	}
-	return fmt.Sprintf(f+" – "+f, st.Lo, st.Hi)
+	return fmtRatio(st.Lo) + " – " + fmtRatio(st.Hi)
 }
