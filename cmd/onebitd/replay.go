@@ -276,15 +276,27 @@ func (p *replayPrinter) summary(r *eventlog.Report) {
 	if p.any {
 		p.printf("\n")
 	}
-	p.printf("audit: %d events, %d boots, %d requests (%d done, %d failed, %d in flight), %d fallbacks\n",
-		r.Events, r.Boots, r.Requests, r.Done, r.Failed, len(r.InFlight), r.Fallbacks)
-	if n := len(r.InFlight); n > 0 {
-		const show = 20
-		p.printf("in flight: %s", strings.Join(r.InFlight[:min(n, show)], " "))
-		if n > show {
-			p.printf(" … and %d more", n-show)
+	p.printf("audit: %d events, %d boots, %d requests (%d done, %d failed, %d interrupted, %d incomplete, %d in flight), %d fallbacks\n",
+		r.Events, r.Boots, r.Requests, r.Done, r.Failed, len(r.Interrupted), len(r.Incomplete), len(r.InFlight), r.Fallbacks)
+	for _, l := range []struct {
+		what string
+		ids  []string
+	}{
+		{"in flight", r.InFlight},
+		{"interrupted (their boot ended without a shutdown line: a crash)", r.Interrupted},
+		{"incomplete (their last events were lost)", r.Incomplete},
+	} {
+		if n := len(l.ids); n > 0 {
+			const show = 20
+			p.printf("%s: %s", l.what, strings.Join(l.ids[:min(n, show)], " "))
+			if n > show {
+				p.printf(" … and %d more", n-show)
+			}
+			p.printf("\n")
 		}
-		p.printf("\n")
+	}
+	for _, l := range r.Lost {
+		p.printf("lost: %s\n", l)
 	}
 	for _, t := range p.torn {
 		p.printf("warning: %s: torn last line %d (offset %d, %d bytes): %s\n", t.Path, t.Line, t.Offset, t.Bytes, t.Reason)

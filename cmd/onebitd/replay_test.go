@@ -26,7 +26,8 @@ var replayT0 = time.Date(2026, 11, 29, 10, 15, 29, 0, time.UTC)
 
 // replayLogEvents is the small log of the golden test: a shared, a file, a
 // plain request, a fallback, a failed forward, a decoder restart and one
-// request in flight, over two boots.
+// request interrupted by a crash (its boot has no shutdown line and another
+// follows), over two boots.
 func replayLogEvents() []event.Event {
 	var out []event.Event
 	now := replayT0
@@ -192,7 +193,9 @@ func TestReplayJSONReport(t *testing.T) {
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &last); err != nil {
 		t.Fatal(err)
 	}
-	if last.Report.Requests != 7 || !last.Report.OK() || len(last.Report.InFlight) != 1 || last.Torn == nil {
+	// req-interrupted: boot b1 ended without a shutdown line and b2 followed.
+	if last.Report.Requests != 7 || !last.Report.OK() || len(last.Report.InFlight) != 0 ||
+		len(last.Report.Interrupted) != 1 || last.Torn == nil {
 		t.Fatalf("report %+v", last)
 	}
 }
@@ -261,6 +264,26 @@ func TestReplayDoctoredLogs(t *testing.T) {
 		{"seq gap", func(_ map[string][]*event.Event, all []event.Event) []event.Event {
 			return append(all[:5:5], all[6:]...)
 		}, "", 1, []string{"seq-gap", "1 events missing"}},
+		{"loss marker", func(_ map[string][]*event.Event, all []event.Event) []event.Event {
+			// The log lost seq 6 to 8 and said so (eventlog's marker line).
+			m := event.Event{V: 1, Boot: all[5].Boot, Node: all[5].Node, Time: all[5].Time, Event: event.LostEvent,
+				Reason: "no space left on device", Lost: &event.Lost{Events: 3, FirstSeq: 6, LastSeq: 8}}
+			return append(append(all[:5:5], m), all[8:]...)
+		}, "", 1, []string{"lost: 3 events lost between seq 6 and 8 (node node-a, boot 00000000000000b1)",
+			"violation: events-lost", "no space left on device"}},
+		{"clean shutdown with an unfinished request", func(_ map[string][]*event.Event, all []event.Event) []event.Event {
+			// Boot b1 stopped cleanly with nothing in flight, yet
+			// req-interrupted has no final event: its last events were lost.
+			i := 0
+			for all[i].Boot == all[0].Boot {
+				i++
+			}
+			n := 0
+			sd := event.Event{V: 1, Boot: all[0].Boot, Seq: all[i-1].Seq + 1, Node: all[0].Node, Time: all[i-1].Time,
+				Event: event.Shutdown, InFlight: &n}
+			return append(append(all[:i:i], sd), all[i:]...)
+		}, "", 1, []string{"incomplete (their last events were lost): req-interrupted", "violation: events-lost",
+			"stopped cleanly with 0 requests in flight, but 1 have no final event"}},
 		{"torn last line", same, `{"v":1,"boot":"00000000000000b2","seq":9,"ti`, 0,
 			[]string{"warning: ", "torn last line 34 (offset", "no final newline", "audit: OK"}},
 		{"torn last line and a violation", func(byID map[string][]*event.Event, all []event.Event) []event.Event {
