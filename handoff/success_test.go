@@ -31,6 +31,9 @@ func TestHandoffSucceeds(t *testing.T) {
 			r := newRig(t, tc.file, provOK, false, 0, nil)
 			r.dec.share = tc.share
 			base := fdCount(t)
+			if want := map[bool]machine.Route{false: machine.RouteShared, true: machine.RouteFile}[tc.file]; r.h.Route() != want {
+				t.Errorf("Route() = %s, want %s", r.h.Route(), want)
+			}
 			if reason := r.h.Run(r.ctx, r.m, testTokens); reason != "" {
 				t.Fatalf("fell back: %s", reason)
 			}
