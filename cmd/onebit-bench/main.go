@@ -6,7 +6,7 @@
 //
 //	onebit-bench [-out docs/BENCHMARKS.md] [-bin bin] [-gobench bench.out] [-gobench-base old.out]
 //	             [-scale 1] [-sections handoff,proxy,pipeline] [-cpuprofile FILE]
-//	             [-slot-base /dev/shm] [-timeout 15m]
+//	             [-slot-base /dev/shm] [-timeout 40m]
 package main
 
 import (
@@ -42,7 +42,7 @@ func run(args []string) int {
 	sections := fs.String("sections", "handoff,proxy,pipeline", "sections to run, comma-separated")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the handoff section (in-process onebitd included) here")
 	slotBase := fs.String("slot-base", defaultSlotBase(), "where the handoff's slot directories go (tmpfs recommended; empty: the scratch dir)")
-	limit := fs.Duration("timeout", 15*time.Minute, "give up after this long")
+	limit := fs.Duration("timeout", 40*time.Minute, "give up after this long (the honest simulator moves full cells: the file route at 12 722 tokens takes seconds per request)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
