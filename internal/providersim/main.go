@@ -1,30 +1,54 @@
 // Package providersim is the sim prefill provider (cmd/onebit-provider-sim):
-// it implements both provider contracts of DESIGN §2 with the deterministic
-// model of internal/simkv.
+// it implements the provider contracts of DESIGN §2, §2b and §2c with the
+// deterministic model of internal/simkv.
 //
 // File route:
 //
-//	onebit-provider-sim --tokens FILE --model GGUF --state OUT.bin
+//	onebit-provider-sim --tokens FILE --model GGUF --state OUT.bin [--n-layer L --cell-size B]
 //
-// reads the tokens, computes their cells and writes a simkv state file to
+// reads the tokens, computes their cells and writes a full simkv state file
+// (every layer's K and V of every cell, as llama-server's slot files; the
+// geometry is the decoder's --n-layer and --cell-size, same defaults) to
 // OUT.bin atomically (OUT.bin.tmp, fsync, rename).
 //
 // Shared route:
 //
-//	onebit-provider-sim --tokens FILE --model GGUF --layout HEADER.json --fds 3,4,5
+//	onebit-provider-sim --tokens FILE --model GGUF --layout HEADER.json --fds 3,4,5 [--start P]
 //
 // checks the share header's layout hash against its own model, then writes
-// the records of cells 0..n-1 into layer 0's K and V regions of the inherited
-// fds (mapped MAP_SHARED), touching nothing else.
+// cells P..n-1 (P = --start, default 0) of every region of the inherited fds
+// (mapped MAP_SHARED over exactly those cells), touching nothing else. With
+// --start P the chain continues from the digest in cell P-1 of layer 0's K
+// region, as a real prefill attends to the cells the slot kept: a wrong
+// prefix there changes the text, a cell P-1 that holds no KV is refused.
+//
+// --compact (both routes) writes layer 0's records only (a version 1 state
+// file; the rest of the regions untouched): small and fast, for tests.
+//
+// Warm provider (DESIGN §2c):
+//
+//	onebit-provider-sim --serve --socket PATH [--compact --n-layer … fault switches, time knobs]
+//
+// listens on PATH (0600), prints "onebit-provider-sim serving on PATH" and
+// answers each connection's job (package provjob) with the same code as the
+// exec'd routes; a job's fds are closed and unmapped before its reply.
 //
 // Exit status: 0 success; 1 a failure while working (I/O, a fault switch);
 // 2 bad input (command line, tokens, header, layout mismatch, regions too
-// small), detected before anything is written. On failure the last stderr
-// line is one sentence, the reason onebitd reports for its fallback.
+// small, --start on empty cells), detected before anything is written. On
+// failure the last stderr line is one sentence, the reason onebitd reports
+// for its fallback (in serve mode: the reply's reason).
+//
+// Time knobs: --fixed-ms F and --ms-per-token T make a job take at least
+// F + T x (prefilled tokens) ms (a serve reply's prefill_ms reports the
+// whole time).
 //
 // Fault switches for tests: --fail (exit --exit-code, default 1, before doing
-// anything), --slow D (sleep D first), --hang (block until killed),
-// --write-then-fail (do the whole write, then exit 1).
+// anything; serve: reply ok false), --slow D (sleep D first), --hang (block
+// until killed), --write-then-fail (do the whole write, then fail),
+// --keep-writing (do the whole write, then write a counter into the cells —
+// or the state file — every millisecond until killed: a killed provider
+// group must write nothing more).
 package providersim
 
 import (

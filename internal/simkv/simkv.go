@@ -9,9 +9,13 @@
 //     (as read from KV memory, not recomputed) with token i and its position;
 //   - the next token is a function of the K and V records of every live cell.
 //
-// Only layer 0's K and V regions carry records (RecordSize bytes at the start
-// of each cell's stride); the other layers' memory is mapped but never touched,
-// so a 2240 MiB KV stays sparse. This is a documented simplification: the sim
+// The model reads layer 0's K and V records only (RecordSize bytes at the
+// start of each cell's stride), but by default every layer's K and V of a
+// cell hold real bytes derived from its record (Fill), and state files hold
+// them all (WriteFullState, version 2), so that moving KV costs what it costs
+// llama-server: n_cells x cell size bytes. The --compact switches of the
+// simulator and the sim provider write layer 0's records only (state file
+// version 1) and leave the rest sparse, for fast tests. Either way the sim
 // proves routing and lifetime of KV, not attention.
 package simkv
 
