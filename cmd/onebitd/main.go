@@ -1,5 +1,5 @@
 // Command onebitd serves completions through llama-server with an external
-// KV prefill handoff. Subcommands: serve, watch, replay, probe-decoder.
+// KV prefill handoff. Subcommands: serve, watch, dashboard, replay, probe-decoder.
 package main
 
 import (
@@ -12,6 +12,7 @@ const usage = `usage: onebitd <command> [flags]
 commands:
   serve          run the daemon (see 'onebitd serve -h')
   watch          print handoff events from NATS as they happen
+  dashboard      serve a live web dashboard of every node on a NATS server
   replay         rebuild and audit requests from event logs or a JetStream stream
   probe-decoder  check a decoder's slot and share/adopt conformance
 `
@@ -28,6 +29,8 @@ func run(args []string) int {
 		return serveMain(args[1:])
 	case "watch":
 		return watchMain(args[1:])
+	case "dashboard":
+		return dashboardMain(args[1:])
 	case "replay":
 		return replayMain(args[1:])
 	case "probe-decoder":

@@ -268,7 +268,7 @@
       maxY = Math.max(maxY, ms);
       minY = Math.min(minY, ms);
     }
-    const mag = Math.pow(10, Math.floor(Math.log10(maxX)));
+    const mag = Math.pow(10, Math.floor(Math.log10(maxX))) / 2;
     maxX = Math.ceil(maxX / mag) * mag;
     const ly0 = Math.floor(Math.log10(minY)), ly1 = Math.ceil(Math.log10(maxY));
     const x = function (v) { return L + (W - L - R) * v / maxX; };
@@ -282,9 +282,14 @@
     }
     for (let i = 0; i <= 4; i++) {
       const v = maxX * i / 4;
-      out.push(svg('text', { x: x(v) - 8, y: H - B + 14 }, String(Math.round(v))));
+      const label = String(Math.round(v));
+      out.push(svg('text', { x: Math.min(x(v) - 3 * label.length, W - R - 6 * label.length), y: H - B + 14 }, label));
     }
     out.push(svg('text', { x: W / 2 - 30, y: H - 3 }, 'prompt tokens'));
+    ['shared', 'file', 'fallback'].forEach(function (r, i) {
+      out.push(svg('circle', { cx: W - R - 150 + 55 * i, cy: T + 6, r: 3, class: 'r-' + r }));
+      out.push(svg('text', { x: W - R - 144 + 55 * i, y: T + 9 }, r));
+    });
     for (const p of points) {
       const route = ['shared', 'file', 'fallback', 'plain'].indexOf(p[2]) >= 0 ? p[2] : 'other';
       const c = svg('circle', { cx: x(p[0]).toFixed(1), cy: y(p[1] / 1000).toFixed(1), r: 2.5, class: 'r-' + route });

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/onebitd/onebitd/bus"
+	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/internal/obtest"
+)
+
+// TestDashboardCommandTwoNodes: two daemons publish on one NATS server (the
+// first one's embedded server, the second connects to it with the daemon
+// identity); `onebitd dashboard` with the reader identity shows both nodes
+// and their requests' timelines.
+func TestDashboardCommandTwoNodes(t *testing.T) {
+	state := t.TempDir()
+	a := openTestBus(t, bus.Config{Listen: "127.0.0.1:0", StateDir: state, Node: "node-a"})
+	b := openTestBus(t, bus.Config{URLs: a.ClientURL(), CredsFile: filepath.Join(state, bus.DaemonCredsFile), Node: "node-b"})
+
+	var stderr obtest.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	urlc := make(chan string, 1)
+	done := make(chan int, 1)
+	go func() {
+		done <- dashboardRun(ctx, []string{"--listen", "127.0.0.1:0", "--nats-url", a.ClientURL(), "--nats-creds", a.ReaderCreds()},
+			&stderr, func(u string) { urlc <- u })
+	}()
+	var page string
+	select {
+	case page = <-urlc:
+	case code := <-done:
+		t.Fatalf("dashboard exited %d: %s", code, stderr.String())
+	}
+	base := strings.TrimSuffix(page, "ui/")
+	for _, pair := range []struct {
+		bus  *bus.Bus
+		node string
+	}{{a, "node-a"}, {b, "node-b"}} {
+		for _, e := range watchEvents(pair.node) {
+			pair.bus.Emit(e)
+		}
+	}
+	get := func(path string) (int, string) {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, string(body)
+	}
+	var body string
+	obtest.WaitFor(t, 10*time.Second, "both nodes' r1", func() bool {
+		var code int
+		code, body = get("api/requests/r1")
+		return code == 200 && strings.Count(body, `"outcome":"done"`) == 2
+	})
+	var tl struct {
+		Timelines []struct {
+			Node   string
+			Events []event.Event
+		}
+	}
+	if err := json.Unmarshal([]byte(body), &tl); err != nil {
+		t.Fatal(err)
+	}
+	nodes := map[string]int{}
+	for _, x := range tl.Timelines {
+		nodes[x.Node] = len(x.Events)
+	}
+	if nodes["node-a"] != 6 || nodes["node-b"] != 6 {
+		t.Errorf("r1's events per node: %v, want 6 on each (watchEvents: r1 listen … finish)", nodes)
+	}
+	if code, html := get(""); code != 200 || !strings.Contains(html, "<title>onebitd dashboard</title>") {
+		t.Errorf("GET / = %d, not the page", code)
+	}
+	if !strings.Contains(stderr.String(), "as "+a.ReaderCreds()) {
+		t.Errorf("the dashboard does not say which credentials it uses: %q", stderr.String())
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d after cancel: %s", code, stderr.String())
+	}
+}
+
+func TestDashboardCommandErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"help", []string{"-h"}, 0, "-listen"},
+		{"argument", []string{"extra"}, 2, `unexpected argument "extra"`},
+		{"no server", []string{"--nats-url", "nats://127.0.0.1:1"}, 1, "cannot reach NATS"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stderr obtest.Buffer
+			if code := dashboardRun(context.Background(), tt.args, &stderr, nil); code != tt.code {
+				t.Fatalf("exit %d, want %d: %s", code, tt.code, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), tt.want) {
+				t.Errorf("stderr %q lacks %q", stderr.String(), tt.want)
+			}
+		})
+	}
+}
