@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -39,7 +40,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		if simProvider.path != "" {
+			os.RemoveAll(filepath.Dir(simProvider.path))
+		}
+		os.Exit(code)
+	}))
 }
 
 func helperMain(args []string) int {
