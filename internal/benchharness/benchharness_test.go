@@ -324,3 +324,51 @@ func TestMissingBinary(t *testing.T) {
 		t.Fatalf("Run without binaries = %v, want ErrNoBinary", err)
 	}
 }
+
+// TestPipelineReport: section c's figures carry their intervals, the sink
+// configurations are tested against "machine only", and the replay target
+// inverts the time's interval into a rate's.
+func TestPipelineReport(t *testing.T) {
+	us := func(base float64) []time.Duration {
+		var out []time.Duration
+		for i := range 7 {
+			out = append(out, time.Duration((base+0.1*float64(i))*float64(time.Microsecond)))
+		}
+		return out
+	}
+	none, log, both := us(1), us(2), us(3)
+	replay := ms(600, 610, 620, 630, 640, 650)
+	p := &PipelineResult{
+		Transition: []TransitionRow{
+			{Config: SinkNone, PerStep: Summarize(none), Runs: none},
+			{Config: SinkLog, PerStep: Summarize(log), Runs: log},
+			{Config: SinkLogNATS, PerStep: Summarize(both), Runs: both},
+		},
+		ReplayCmd: Summarize(replay), ReplayInProcess: Summarize(replay), ReplayCmdRate: ReplayEvents / 0.625, ReplayInProcRate: ReplayEvents / 0.625,
+		RSSSamples: []RSSSample{{Requests: 10, RSS: 20 << 20}},
+	}
+	r := &Results{Pipeline: p}
+	byWhat := map[string]Target{}
+	for _, tg := range r.Targets() {
+		byWhat[tg.What] = tg
+	}
+	tr := byWhat["per transition, event log + NATS on, median of runs"]
+	if tr.Verdict() != "met" || tr.CI != "3.00 µs – 3.60 µs" {
+		t.Errorf("transition target: %+v %q", tr, tr.Verdict())
+	}
+	rp := byWhat["replay of a 1 M-event log (`onebitd replay`, audit included), at the median run"]
+	// 6 runs: the interval is the slowest and the fastest run, 650 and 600 ms.
+	if rp.Verdict() != "met" || rp.CI != "1.54 M events/s – 1.67 M events/s" {
+		t.Errorf("replay target: %+v %q", rp, rp.Verdict())
+	}
+	var md bytes.Buffer
+	if err := r.Markdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	// 7 runs against 7 with no overlap: the exact U test gives p = 2/C(14,7) = 0.0006.
+	for _, s := range []string{"| vs machine only |", "| p=0.001 n=7 |", "600.00 ms – 650.00 ms"} {
+		if !strings.Contains(md.String(), s) {
+			t.Errorf("report lacks %q", s)
+		}
+	}
+}

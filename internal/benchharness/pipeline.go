@@ -55,7 +55,8 @@ type PipelineResult struct {
 // TransitionRow is one sink configuration's cost per transition.
 type TransitionRow struct {
 	Config  string
-	PerStep Summary // per transition, one value per repetition
+	PerStep Summary         // per transition, one value per repetition
+	Runs    []time.Duration // each repetition's cost per transition
 	Dropped uint64
 }
 
@@ -194,7 +195,7 @@ func transitions(ctx context.Context, c *Config, res *PipelineResult) error {
 		}
 	}
 	for i, s := range sets {
-		res.Transition = append(res.Transition, TransitionRow{Config: s.name, PerStep: Summarize(per[i]), Dropped: s.stats()})
+		res.Transition = append(res.Transition, TransitionRow{Config: s.name, PerStep: Summarize(per[i]), Runs: per[i], Dropped: s.stats()})
 	}
 	return nil
 }

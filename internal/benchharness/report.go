@@ -183,9 +183,13 @@ func (r *Results) pipelineMarkdown(b *strings.Builder) {
 	p := r.Pipeline
 	b.WriteString("## c. Event pipeline\n\n")
 	fmt.Fprintf(b, "Per transition: `machine.New` and a shared-route walk of %d transitions (listen … finish), in-process, each configuration 7 times interleaved; the median of the 7 runs' mean cost per transition. Event log: `eventlog.Writer`, sync `batch`; NATS: `bus.Bus` on an embedded server with a subscriber on `onebit.>`.\n\n", walkTransitions)
-	b.WriteString("| configuration | per transition | 95 % CI | slowest run | events dropped |\n|---|---:|---:|---:|---:|\n")
+	b.WriteString("| configuration | per transition | 95 % CI | vs machine only | slowest run | events dropped |\n|---|---:|---:|---|---:|---:|\n")
 	for _, t := range p.Transition {
-		fmt.Fprintf(b, "| %s | %s | %s | %s | %d |\n", t.Config, fmtDur(t.PerStep.Median), dash(fmtCI(t.PerStep)), fmtDur(t.PerStep.Max), t.Dropped)
+		vs := "–"
+		if t.Config != p.Transition[0].Config {
+			vs = CompareDurations(t.Runs, p.Transition[0].Runs).String()
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %d |\n", t.Config, fmtDur(t.PerStep.Median), dash(fmtCI(t.PerStep)), vs, fmtDur(t.PerStep.Max), t.Dropped)
 	}
 	fmt.Fprintf(b, "\nReplay: a generated log of %d events (%.0f MB, shared-route requests made by the machine package), %d runs; medians with their 95 %% confidence intervals.\n\n", ReplayEvents, float64(p.ReplayBytes)/1e6, replayRuns)
 	b.WriteString("| reader | time | 95 % CI | events/s |\n|---|---:|---:|---:|\n")
