@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -84,7 +85,9 @@ func (d *fakeDecoder) Share(ctx context.Context, _ int, socket string) (decoder.
 	if do == nil {
 		do = sendValid
 	}
-	if err := do(d, ctx, socket); err != nil {
+	if err := do(d, ctx, socket); errors.Is(err, errNoIDAnswer) {
+		return decoder.ShareReply{}, nil // a 200 without share_id
+	} else if err != nil {
 		return decoder.ShareReply{}, err
 	}
 	d.mu.Lock()
@@ -212,6 +215,9 @@ func sendRaw(stream []byte) func(*fakeDecoder, context.Context, string) error {
 func sendHeader(hdr string) func(*fakeDecoder, context.Context, string) error {
 	return sendRaw(frameOf([]byte(hdr)))
 }
+
+// errNoIDAnswer makes Share answer 200 without a share_id.
+var errNoIDAnswer = errors.New("answer without share_id")
 
 // noConnect answers OK and never connects.
 func noConnect(*fakeDecoder, context.Context, string) error { return nil }

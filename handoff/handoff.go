@@ -357,6 +357,9 @@ func (w *work) shared(ctx context.Context, tokens []int) string {
 	sctx, cancel := context.WithTimeout(ctx, cfg.ShareTimeout)
 	rep, err := w.h.dec.Share(sctx, w.m.Slot(), l.Path())
 	cancel()
+	if err == nil && rep.ShareID == nil {
+		err = errNoShareID // adopt would have nothing to name
+	}
 	if err != nil {
 		err = late(err, sctx, ctx, "share", cfg.ShareTimeout)
 		rstop()
@@ -410,7 +413,10 @@ func (w *work) shared(ctx context.Context, tokens []int) string {
 	return ""
 }
 
-var errWrongPeer = errors.New("the process that connected to the share socket is not the decoder")
+var (
+	errWrongPeer = errors.New("the process that connected to the share socket is not the decoder")
+	errNoShareID = errors.New("the decoder's share answer has no share_id")
+)
 
 // receive accepts the decoder's connection, checks who it is and reads the
 // share message, until deadline or until ctx ends (then it closes the

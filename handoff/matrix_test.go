@@ -97,6 +97,8 @@ func fallbackCases() []fbCase {
 			step: machine.StepShare, reason: "the decoder did not answer the share request within 200ms", exit: noExit, files: 1},
 		{name: "socket removed by hand during share (not counted)", share: then(removeSocket, apiErr("share", 500, "server_error", "x")),
 			step: machine.StepShare, reason: "decoder answered share with 500", status: 500, exit: noExit, fds: nfds, files: 0},
+		{name: "share answers without a share_id", share: then(sendConsumed, errNoIDAnswer),
+			step: machine.StepShare, reason: "the decoder's share answer has no share_id", exit: noExit, fds: nfds, files: 1},
 		{name: "client gone during share", share: clientLeaves("share"),
 			step: machine.StepShare, reason: clientGone, exit: noExit, files: 1},
 
