@@ -1,5 +1,6 @@
-// Package watch turns handoff events from NATS into one line each for a
-// terminal (`onebitd watch`):
+// Package watch shows handoff events from NATS in a terminal (`onebitd
+// watch`). On a terminal it keeps a live Table (one row per request, updated
+// in place; see Table). Piped, it prints one line per event:
 //
 //	15:04:05.000 node-a 9f3c… shared prefilled→adopted share_id=7 n_tokens=512 n_fds=56 elapsed=1.234ms
 //
@@ -10,6 +11,9 @@
 // fallback/failed, yellow anything in between. Every string that came off
 // the wire is printed quoted if it holds anything but printable non-space
 // characters, so a payload cannot move the cursor or forge a line.
+//
+// Filters (Printer): --node, --route, --failed; --json prints each payload
+// as it came.
 package watch
 
 import (
@@ -159,15 +163,60 @@ func appendWord(dst []byte, s string) []byte {
 	return append(dst, s...)
 }
 
-// Printer writes one line per event message.
+// Printer writes one line per event message, or keeps a live Table.
 type Printer struct {
 	W      io.Writer
 	Colour bool           // ANSI colours (a terminal)
 	JSON   bool           // print the raw payload instead of a line
 	Failed bool           // only events for which Failed is true
 	Loc    *time.Location // time column zone; nil: UTC
+	Node   string         // only events of this node ("": all)
+	// Route: only events whose route is Route ("": all); a request that
+	// falls back carries route "fallback" from its fallback on. In a Table,
+	// a request's row keeps updating once it is shown. Decoder and provider
+	// lifecycle events have no route and are left out.
+	Route string
+	// Table, if set, is redrawn in place (at most every RedrawEvery, see
+	// Flush) instead of printing lines; JSON wins over it.
+	Table *Table
 
-	buf []byte
+	buf   []byte
+	dirty bool
+	drawn time.Time
+}
+
+// RedrawEvery is how often a Table is redrawn at most.
+const RedrawEvery = 100 * time.Millisecond
+
+// Match reports whether e passes the Node, Route and Failed filters.
+func (p *Printer) Match(e *event.Event) bool {
+	if p.Node != "" && e.Node != p.Node {
+		return false
+	}
+	if p.Route != "" && e.Route != p.Route && (p.Table == nil || p.JSON || e.RequestID == "" || !p.Table.has(e)) {
+		return false
+	}
+	return !p.Failed || Failed(e)
+}
+
+// Flush redraws the Table if an event changed it since the last draw.
+func (p *Printer) Flush() error {
+	if p.Table == nil || !p.dirty {
+		return nil
+	}
+	p.dirty = false
+	p.drawn = time.Now()
+	p.buf = p.Table.Render(p.buf[:0], p.Colour)
+	_, err := p.W.Write(p.buf)
+	return err
+}
+
+// pending is how long until a changed Table is due (ok false: nothing to draw).
+func (p *Printer) pending() (time.Time, bool) {
+	if p.Table == nil || !p.dirty {
+		return time.Time{}, false
+	}
+	return p.drawn.Add(RedrawEvery), true
 }
 
 // Message handles one NATS message. It returns ErrPayload (wrapped with
@@ -178,7 +227,15 @@ func (p *Printer) Message(subject string, data []byte) error {
 	if err != nil {
 		return fmt.Errorf("%w (subject %s): %w", ErrPayload, strconv.Quote(subject), err)
 	}
-	if p.Failed && !Failed(&e) {
+	if !p.Match(&e) {
+		return nil
+	}
+	if p.Table != nil && !p.JSON {
+		p.Table.Add(&e)
+		p.dirty = true
+		if time.Since(p.drawn) >= RedrawEvery {
+			return p.Flush()
+		}
 		return nil
 	}
 	if p.JSON {
@@ -215,10 +272,24 @@ func Run(ctx context.Context, nc *nats.Conn, subject string, p *Printer, errw io
 		ready(subject)
 	}
 	for {
-		m, err := sub.NextMsgWithContext(ctx)
+		wait, cancel := ctx, context.CancelFunc(func() {})
+		if due, ok := p.pending(); ok {
+			wait, cancel = context.WithDeadline(ctx, due)
+		}
+		m, err := sub.NextMsgWithContext(wait)
+		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
+				if err := p.Flush(); err != nil {
+					return fmt.Errorf("watch: write: %w", err)
+				}
 				return nil
+			}
+			if errors.Is(err, context.DeadlineExceeded) {
+				if err := p.Flush(); err != nil {
+					return fmt.Errorf("watch: write: %w", err)
+				}
+				continue
 			}
 			return fmt.Errorf("watch: %s: %w", subject, err)
 		}
