@@ -149,6 +149,8 @@ func TestFullDiskLosesNoEventSilently(t *testing.T) {
 				t.Fatalf("replay: %d lines, %d events named lost; writer kept %d, lost %d; violations %v",
 					rep.Events, lost, st.Events, st.Lost, rep.Violations)
 			}
+			t.Logf("%d events emitted: %d kept, %d lost, named by %d markers (%v); in flight %d, incomplete %d, interrupted %d",
+				emitted, st.Events, st.Lost, st.Markers, rep.Lost, len(rep.InFlight), len(rep.Incomplete), len(rep.Interrupted))
 			if tt.comeBack && !strings.Contains(logs.String(), "recovered") {
 				t.Errorf("no recovery logged: %s", logs)
 			}

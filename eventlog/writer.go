@@ -725,7 +725,8 @@ func (w *Writer) write(chunks []chunk, final []byte, fsync bool) error {
 	for _, c := range chunks {
 		n += int64(len(c.buf))
 	}
-	if n > 0 {
+	if n > 0 || (len(markers) > 0 && final == nil) {
+		// Only Close's last write may use the reserve.
 		if err := w.ensureSpace(int64(len(markers)) + n + int64(len(final))); err != nil {
 			w.writeErrors.Add(1)
 			w.markersDone(nm, false)
