@@ -33,8 +33,10 @@ func parsePrompt(raw json.RawMessage) ([]int, *apiError) {
 	if e != nil {
 		return nil, e
 	}
-	if e := checkTokens(toks); e != nil {
-		return nil, e
+	for _, t := range toks {
+		if !simkv.ValidToken(t) { // upstream's answer, from server_tokens::validate
+			return nil, apiErr(errInvalidRequest, "Prompt contains invalid tokens")
+		}
 	}
 	return toks, nil
 }
@@ -132,7 +134,8 @@ func tokenID(raw json.RawMessage) int {
 	return int(v)
 }
 
-// checkTokens refuses ids outside the vocabulary.
+// checkTokens refuses ids outside the vocabulary (adopt, restore; a
+// completion answers upstream's "Prompt contains invalid tokens").
 func checkTokens(toks []int) *apiError {
 	for i, t := range toks {
 		if !simkv.ValidToken(t) {

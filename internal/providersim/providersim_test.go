@@ -29,7 +29,8 @@ func TestParseTokens(t *testing.T) {
 		{"string id", `["1"]`, nil, "not a JSON array"},
 		{"float id", `[1.5]`, nil, "not a JSON array"},
 		{"trailing data", `[1] [2]`, nil, "not a JSON array"},
-		{"unknown id", `[1, 999]`, nil, "token 999 at index 1 is not in the vocabulary"},
+		{"id past the vocabulary", `[1, 1100]`, nil, "token 1100 at index 1 is not in the vocabulary"},
+		{"id without a piece", `[1, 999, 0]`, []int{1, 999, 0}, ""},
 		{"negative id", `[-1]`, nil, "token -1 at index 0"},
 		{"huge id", `[99999999999999999999]`, nil, "not a JSON array"},
 	}

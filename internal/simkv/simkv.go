@@ -73,10 +73,10 @@ var wordID = func() map[string]int {
 // VocabSize is one past the largest valid token id.
 func VocabSize() int { return WordBase + len(words) }
 
-// ValidToken reports whether id is a token of the vocabulary.
-func ValidToken(id int) bool {
-	return id == TokBOS || id == TokEOS || (id >= ByteBase && id < ByteBase+256) || (id >= WordBase && id < WordBase+len(words))
-}
+// ValidToken reports whether id is a token id of the model: 0 <= id <
+// VocabSize(), as llama.cpp validates prompt tokens against n_vocab. Ids
+// without a piece (0, 259..WordBase-1) are valid and detokenize to "".
+func ValidToken(id int) bool { return id >= 0 && id < VocabSize() }
 
 // Tokenize splits text into token ids: a space followed by a vocabulary word
 // (ending at a non-letter) is one token, every other byte is a byte token.
