@@ -161,9 +161,8 @@ type Stats struct {
 	Lost uint64 `json:"lost"`
 	// Markers counts the loss marker lines written.
 	Markers uint64 `json:"markers"`
-	// Dropped is Lost, under its former name.
-	//
-	// Deprecated: use Lost.
+	// Dropped is Lost under its former name, kept until
+	// internal/benchharness reads Lost; new code reads Lost.
 	Dropped uint64 `json:"-"`
 }
 
