@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -36,6 +37,8 @@ var (
 	// ErrNotAnEvent: a stream message's payload is not an event (StreamEvents
 	// yields it and goes on). A reader can cause one: docs/security.md.
 	ErrNotAnEvent = errors.New("bus: stream message is not an event")
+	// ErrAckedFile: the acknowledgement record (AckedFile) cannot be read.
+	ErrAckedFile = errors.New("bus: bad jetstream acknowledgement record")
 	// ErrCreds: a credentials file (--nats-creds, --nats-nkey, or the
 	// embedded server's seed files) cannot be read, written or parsed.
 	ErrCreds = errors.New("bus: cannot use NATS credentials")
@@ -92,6 +95,11 @@ type Config struct {
 	StreamReplicas int           // --stream-replicas (a cluster: 3)
 	StreamMaxAge   time.Duration // --stream-max-age
 	StreamMaxBytes int64         // --stream-max-bytes
+	// EventLog is the daemon's event log (--event-log). With JetStream and
+	// a StateDir, the bus records what the stream acknowledged (AckedFile)
+	// and republishes the rest of the log after an outage or a restart
+	// (catch-up). Empty: no catch-up.
+	EventLog string
 	// StateDir (--state-dir) holds the embedded server's identities,
 	// DaemonCredsFile and ReaderCredsFile (0600, created on first start).
 	// Empty: the keys live in memory and only this process can connect.
@@ -119,6 +127,10 @@ type Stats struct {
 	Queued     int    // waiting in the queue now
 	Buffered   int    // bytes nats.go holds while reconnecting (-1 if closed)
 	Reconnects uint64 // successful reconnects to an external server
+	// Catch-up (JetStream with an EventLog): events of the log republished
+	// and newly stored by the stream, and passes completed.
+	Republished uint64
+	CatchUps    uint64
 }
 
 // item is one queued message. The Nats-Msg-Id is built by the publisher,
@@ -153,6 +165,14 @@ type Bus struct {
 	subjects sync.Map // to-state ⇒ subject, for cfg.Node
 
 	published, dropped, duplicates, reconnects atomic.Uint64
+	republished, catchUpRuns                   atomic.Uint64
+
+	// Catch-up (nil acks: off).
+	acks        *acks
+	ackedPath   string
+	catchUpKick chan struct{}
+	liveBoot    atomic.Value  // string: boot of the last event handed to nats.go
+	liveSeq     atomic.Uint64 // its seq
 	dropReported                               atomic.Uint64
 
 	boMu sync.Mutex
@@ -184,6 +204,15 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 	}
 	if cfg.JetStream && cfg.URLs != "" {
 		b.streamCheck = make(chan struct{}, 1)
+	}
+	if cfg.JetStream && cfg.EventLog != "" && cfg.StateDir != "" {
+		b.ackedPath = filepath.Join(cfg.StateDir, AckedFile)
+		a, err := loadAcks(b.ackedPath, cfg.Node)
+		if err != nil {
+			return nil, err
+		}
+		b.acks = a
+		b.catchUpKick = make(chan struct{}, 1)
 	}
 	var err error
 	if cfg.URLs == "" {
@@ -237,6 +266,11 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 	}
 	b.wg.Add(1)
 	go b.reporter()
+	if b.acks != nil {
+		b.wg.Add(1)
+		go b.catchUp()
+		b.kickCatchUp() // a restart: the last boot's tail
+	}
 	if !cfg.noPublisher {
 		b.wg.Add(1)
 		go b.publisher()
@@ -266,6 +300,7 @@ func (b *Bus) natsOptions() []nats.Option {
 				default:
 				}
 			}
+			b.kickCatchUp() // an outage: what it dropped
 			b.log.Info("nats reconnected", logKeyURL, nc.ConnectedUrlRedacted())
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
@@ -374,6 +409,7 @@ func (b *Bus) enqueue(it item) {
 
 func (b *Bus) drop() {
 	b.dropped.Add(1)
+	b.kickCatchUp()
 	select {
 	case b.dropSignal <- struct{}{}:
 	default:
@@ -447,15 +483,39 @@ func (b *Bus) publish(it item) {
 		if _, err := b.js.PublishMsgAsync(m, opts...); err != nil {
 			b.drop()
 			b.log.Debug("jetstream publish failed", logKeyError, err)
+			return
 		}
+		b.noteLive(it)
 		return
 	}
-	if err := b.nc.Publish(it.subject, it.data); err != nil {
+	var err error
+	if b.js != nil && it.node != "" {
+		// The stream is not set up (yet): live subscribers get it now; if
+		// a stream does capture it, the id makes a later catch-up a
+		// duplicate rather than a second copy.
+		m := &nats.Msg{Subject: it.subject, Data: it.data, Header: nats.Header{nats.MsgIdHdr: []string{msgID(it)}}}
+		err = b.nc.PublishMsg(m)
+	} else {
+		err = b.nc.Publish(it.subject, it.data)
+	}
+	if err != nil {
 		b.drop()
 		b.log.Debug("nats publish failed", logKeyError, err)
 		return
 	}
 	b.published.Add(1)
+}
+
+// noteLive remembers the last event handed to nats.go for the stream: a
+// catch-up pass leaves later events of that boot to the publisher.
+func (b *Bus) noteLive(it item) {
+	if it.node == "" || b.acks == nil {
+		return
+	}
+	if cur, _ := b.liveBoot.Load().(string); cur != it.boot {
+		b.liveBoot.Store(it.boot)
+	}
+	b.liveSeq.Store(it.seq)
 }
 
 // msgID is the Nats-Msg-Id of an event: "<node>/<boot>/<seq>", unique
@@ -521,6 +581,9 @@ func (b *Bus) Stats() Stats {
 		Duplicates: b.duplicates.Load(),
 		Queued:     len(b.q),
 		Reconnects: b.reconnects.Load(),
+
+		Republished: b.republished.Load(),
+		CatchUps:    b.catchUpRuns.Load(),
 	}
 	if n, err := b.nc.Buffered(); err == nil {
 		s.Buffered = n
@@ -559,6 +622,9 @@ func (b *Bus) Close() error {
 		}
 		b.nc.Close()
 		b.shutdownServer()
+		if b.acks != nil {
+			b.flushAcks()
+		}
 		if d := b.dropped.Load(); d > 0 {
 			b.log.Warn("nats bus closed with drops", logKeyDropped, d)
 		}

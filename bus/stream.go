@@ -25,15 +25,23 @@ func (b *Bus) setupJetStream(ctx context.Context) error {
 		jetstream.WithPublishAsyncMaxPending(jsMaxPending),
 		jetstream.WithPublishAsyncTimeout(jsAckTimeout),
 		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, err error) {
+			if m.Header.Get(hdrCatchUp) != "" {
+				b.kickCatchUp() // not an emitted event: not a drop; the next pass retries
+				return
+			}
 			b.drop()
 			b.log.Debug("jetstream publish not acknowledged", logKeyError, err, "subject", m.Subject)
 		}),
-		jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, _ *nats.Msg, ack *jetstream.PubAck) {
-			if ack.Duplicate {
+		jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, m *nats.Msg, ack *jetstream.PubAck) {
+			b.onAck(m)
+			switch {
+			case ack.Duplicate:
 				b.duplicates.Add(1)
-				return
+			case m.Header.Get(hdrCatchUp) != "":
+				b.republished.Add(1)
+			default:
+				b.published.Add(1)
 			}
-			b.published.Add(1)
 		}),
 	)
 	if err != nil {
@@ -101,6 +109,7 @@ func (b *Bus) keepStream() {
 		}
 		if !b.streamReady.Swap(true) {
 			b.log.Info("jetstream stream ready", logKeyStream, StreamName)
+			b.kickCatchUp()
 		}
 		if !t.Stop() {
 			select {
