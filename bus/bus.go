@@ -168,12 +168,12 @@ type Bus struct {
 	republished, catchUpRuns                   atomic.Uint64
 
 	// Catch-up (nil acks: off).
-	acks        *acks
-	ackedPath   string
-	catchUpKick chan struct{}
-	liveBoot    atomic.Value  // string: boot of the last event handed to nats.go
-	liveSeq     atomic.Uint64 // its seq
-	dropReported                               atomic.Uint64
+	acks         *acks
+	ackedPath    string
+	catchUpKick  chan struct{}
+	liveBoot     atomic.Value  // string: boot of the last event handed to nats.go
+	liveSeq      atomic.Uint64 // its seq
+	dropReported atomic.Uint64
 
 	boMu sync.Mutex
 	bo   *backoff.ExponentialBackOff
