@@ -115,6 +115,22 @@ func TestBearerKey(t *testing.T) {
 	if _, err := New(ts.URL, nil, WithAPIKey("two words")); !errors.Is(err, ErrKeyFile) {
 		t.Fatalf("key with a space: %v", err)
 	}
+	// From a key file (an attached decoder's --decoder-api-key-file).
+	kf := filepath.Join(t.TempDir(), "key")
+	if err := os.WriteFile(kf, []byte("\n"+key+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cf, err := New(ts.URL, nil, WithAPIKeyFile(kf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cf.Props(ctx); err != nil {
+		t.Fatalf("props with the key file's key: %v", err)
+	}
+	<-seen
+	if _, err := New(ts.URL, nil, WithAPIKeyFile(kf+".missing")); !errors.Is(err, ErrKeyFile) {
+		t.Fatalf("missing key file: %v", err)
+	}
 }
 
 func TestUnixSocket(t *testing.T) {

@@ -99,6 +99,7 @@ type Client struct {
 	socket      string // unix socket path, "" for TCP
 	http        *http.Client
 	key         string // API key, "" for none
+	keyFile     string // where key is read from (WithAPIKeyFile)
 	callTimeout time.Duration
 }
 
@@ -109,6 +110,12 @@ type Option func(*Client)
 // replacing any Authorization header a forwarded request had. An empty key
 // sends none.
 func WithAPIKey(key string) Option { return func(c *Client) { c.key = key } }
+
+// WithAPIKeyFile is WithAPIKey with the first key of an API key file
+// (llama-server's --api-key-file format; ReadKeyFile). New fails with
+// ErrKeyFile when the file cannot be read or holds no usable key. An empty
+// path sends none.
+func WithAPIKeyFile(path string) Option { return func(c *Client) { c.keyFile = path } }
 
 // WithCallTimeout sets CallTimeout: the bound of a Client method's call whose
 // context has no deadline. 0 or less: no bound but the context's.
@@ -128,6 +135,13 @@ func NewFor(server, baseURL string, hc *http.Client, opts ...Option) (*Client, e
 	c := &Client{server: server, addr: baseURL, callTimeout: DefaultCallTimeout}
 	for _, o := range opts {
 		o(c)
+	}
+	if c.keyFile != "" {
+		key, err := ReadKeyFile(c.keyFile)
+		if err != nil {
+			return nil, err
+		}
+		c.key = key
 	}
 	if !validKey(c.key) {
 		return nil, fmt.Errorf("%w: the API key holds spaces or control characters", ErrKeyFile)
