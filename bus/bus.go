@@ -166,14 +166,14 @@ type Bus struct {
 
 	published, dropped, duplicates, reconnects atomic.Uint64
 	republished, catchUpRuns                   atomic.Uint64
+	dropReported                               atomic.Uint64
 
 	// Catch-up (nil acks: off).
-	acks         *acks
-	ackedPath    string
-	catchUpKick  chan struct{}
-	liveBoot     atomic.Value  // string: boot of the last event handed to nats.go
-	liveSeq      atomic.Uint64 // its seq
-	dropReported atomic.Uint64
+	acks        *acks
+	ackedPath   string
+	catchUpKick chan struct{}
+	liveBoot    atomic.Value  // string: boot of the last event handed to nats.go
+	liveSeq     atomic.Uint64 // its seq
 
 	boMu sync.Mutex
 	bo   *backoff.ExponentialBackOff
