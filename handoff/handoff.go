@@ -283,7 +283,7 @@ func cutShort(ctx context.Context, step string) string {
 // deadline d (and not the request's).
 func late(err error, stepCtx, ctx context.Context, op string, d time.Duration) error {
 	if ctx.Err() == nil && errors.Is(stepCtx.Err(), context.DeadlineExceeded) {
-		return fmt.Errorf("the decoder did not answer the %s request within %s", op, d)
+		return fmt.Errorf("the decoder did not answer the %s request in time (%s)", op, d)
 	}
 	return err
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/onebitd/onebitd/fdpass"
 	"github.com/onebitd/onebitd/internal/obtest"
 	"github.com/onebitd/onebitd/machine"
+	"github.com/onebitd/onebitd/metrics"
 	"github.com/onebitd/onebitd/provider"
 )
 
@@ -71,6 +72,7 @@ type fbCase struct {
 	setup   func(t *testing.T, dir, stem string)
 	cut     string // goneBefore, goneProvider, drainInProv
 
+	class  string // metrics.Classify of the fallback event
 	step   string
 	reason string // the fallback reason starts with it
 	status int
@@ -90,117 +92,117 @@ func fallbackCases() []fbCase {
 	return []fbCase{
 		// listen
 		{name: "slot dir writable by others", setup: func(t *testing.T, dir, _ string) { chmod(t, dir, 0o777) },
-			step: machine.StepListen, reason: fdpass.ErrInsecureDir.Error(), exit: noExit},
+			class: metrics.ClassLocalIO, step: machine.StepListen, reason: fdpass.ErrInsecureDir.Error(), exit: noExit},
 		{name: "client gone before the handoff", cut: goneBefore,
-			step: machine.StepListen, reason: clientGone, exit: noExit},
+			class: metrics.ClassCancelled, step: machine.StepListen, reason: clientGone, exit: noExit},
 
 		// share
 		{name: "share answers 501 (no shareable region)", share: answer(apiErr("share", 501, "not_supported_error", "no shareable region: the cache is recurrent")),
-			step: machine.StepShare, reason: "decoder answered share with 501 not_supported_error: no shareable region", status: 501, exit: noExit, files: sockFile},
+			class: metrics.ClassDecoderUnsupported, step: machine.StepShare, reason: "decoder answered share with 501 not_supported_error: no shareable region", status: 501, exit: noExit, files: sockFile},
 		{name: "share answers 400", share: answer(apiErr("share", 400, "invalid_request_error", "the socket path is not absolute")),
-			step: machine.StepShare, reason: "decoder answered share with 400", status: 400, exit: noExit, files: sockFile},
+			class: metrics.ClassDecoderRefused, step: machine.StepShare, reason: "decoder answered share with 400", status: 400, exit: noExit, files: sockFile},
 		{name: "share answers 500", share: answer(apiErr("share", 500, "server_error", "mmap failed")),
-			step: machine.StepShare, reason: "decoder answered share with 500 server_error: mmap failed", status: 500, exit: noExit, files: sockFile},
+			class: metrics.ClassDecoderError, step: machine.StepShare, reason: "decoder answered share with 500 server_error: mmap failed", status: 500, exit: noExit, files: sockFile},
 		{name: "share sends the message then answers 500", share: then(sendConsumed, apiErr("share", 500, "server_error", "late failure")),
-			step: machine.StepShare, reason: "decoder answered share with 500", status: 500, exit: noExit, fds: nfds, files: sockFile},
+			class: metrics.ClassDecoderError, step: machine.StepShare, reason: "decoder answered share with 500", status: 500, exit: noExit, fds: nfds, files: sockFile},
 		{name: "share does not answer in time", share: hangUntilDone, cfg: func(c *Config) { c.ShareTimeout = 200 * time.Millisecond },
-			step: machine.StepShare, reason: "the decoder did not answer the share request within 200ms", exit: noExit, files: sockFile},
+			class: metrics.ClassTimeout, step: machine.StepShare, reason: "the decoder did not answer the share request in time (200ms)", exit: noExit, files: sockFile},
 		{name: "socket removed by hand during share (not counted)", share: then(removeSocket, apiErr("share", 500, "server_error", "x")),
-			step: machine.StepShare, reason: "decoder answered share with 500", status: 500, exit: noExit, fds: nfds, files: 0},
+			class: metrics.ClassDecoderError, step: machine.StepShare, reason: "decoder answered share with 500", status: 500, exit: noExit, fds: nfds, files: 0},
 		{name: "share answers without a share_id", share: then(sendConsumed, errNoIDAnswer),
-			step: machine.StepShare, reason: "the decoder's share answer has no share_id", exit: noExit, fds: nfds, files: sockFile},
+			class: metrics.ClassDecoderError, step: machine.StepShare, reason: "the decoder's share answer has no share_id", exit: noExit, fds: nfds, files: sockFile},
 		{name: "client gone during share", share: clientLeaves("share"),
-			step: machine.StepShare, reason: clientGone, exit: noExit, files: sockFile},
+			class: metrics.ClassCancelled, step: machine.StepShare, reason: clientGone, exit: noExit, files: sockFile},
 
 		// receive
 		{name: "decoder never connects (accept timeout)", share: noConnect, cfg: ms(200 * time.Millisecond),
-			step: machine.StepReceive, reason: fdpass.ErrAcceptTimeout.Error(), exit: noExit, files: sockFile},
+			class: metrics.ClassTimeout, step: machine.StepReceive, reason: fdpass.ErrAcceptTimeout.Error(), exit: noExit, files: sockFile},
 		{name: "decoder connects and sends nothing", share: connectSilent, cfg: ms(200 * time.Millisecond),
-			step: machine.StepReceive, reason: fdpass.ErrReceiveTimeout.Error(), exit: noExit, files: sockFile},
+			class: metrics.ClassTimeout, step: machine.StepReceive, reason: fdpass.ErrReceiveTimeout.Error(), exit: noExit, files: sockFile},
 		{name: "bad header (not JSON)", share: sendHeader(`{"version":1,"layout_hash":`),
-			step: machine.StepReceive, reason: fdpass.ErrBadHeader.Error(), exit: noExit, files: sockFile},
+			class: metrics.ClassBadShareMessage, step: machine.StepReceive, reason: fdpass.ErrBadHeader.Error(), exit: noExit, files: sockFile},
 		{name: "bad header (version 2)", share: sendHeader(`{"version":2,"layout_hash":"ab"}`),
-			step: machine.StepReceive, reason: fdpass.ErrVersion.Error(), exit: noExit, files: sockFile},
+			class: metrics.ClassBadShareMessage, step: machine.StepReceive, reason: fdpass.ErrVersion.Error(), exit: noExit, files: sockFile},
 		{name: "layout names an fd that was not sent", share: sendHeader(string(shareHeader(nfds + 1))),
-			step: machine.StepReceive, reason: fdpass.ErrRegion.Error(), exit: noExit, files: sockFile},
+			class: metrics.ClassBadShareMessage, step: machine.StepReceive, reason: fdpass.ErrRegion.Error(), exit: noExit, files: sockFile},
 		{name: "layout region beyond its memfd", share: sendHeader(beyond),
-			step: machine.StepReceive, reason: fdpass.ErrRegion.Error(), exit: noExit, files: sockFile},
+			class: metrics.ClassBadShareMessage, step: machine.StepReceive, reason: fdpass.ErrRegion.Error(), exit: noExit, files: sockFile},
 		{name: "truncated header", share: sendRaw(truncated),
-			step: machine.StepReceive, reason: fdpass.ErrShortMessage.Error(), exit: noExit, files: sockFile},
+			class: metrics.ClassBadShareMessage, step: machine.StepReceive, reason: fdpass.ErrShortMessage.Error(), exit: noExit, files: sockFile},
 		{name: "header larger than accepted", share: sendRaw(tooLong),
-			step: machine.StepReceive, reason: fdpass.ErrHeaderTooLarge.Error(), exit: noExit, files: sockFile},
+			class: metrics.ClassBadShareMessage, step: machine.StepReceive, reason: fdpass.ErrHeaderTooLarge.Error(), exit: noExit, files: sockFile},
 		{name: "too many fds (MSG_CTRUNC)", share: sendValid, cfg: func(c *Config) { c.MaxFDs = nfds - 1 },
-			step: machine.StepReceive, reason: fdpass.ErrCtrunc.Error(), exit: noExit, files: sockFile},
+			class: metrics.ClassBadShareMessage, step: machine.StepReceive, reason: fdpass.ErrCtrunc.Error(), exit: noExit, files: sockFile},
 		{name: "client gone while waiting for the message", share: clientLeavesAfter(connectSilent),
-			step: machine.StepReceive, reason: clientGone, exit: noExit, files: sockFile},
+			class: metrics.ClassCancelled, step: machine.StepReceive, reason: clientGone, exit: noExit, files: sockFile},
 		{name: "onebitd drains while waiting for the message", cut: drainInRecv,
-			step: machine.StepReceive, reason: ErrDraining.Error(), exit: noExit, files: sockFile},
+			class: metrics.ClassCancelled, step: machine.StepReceive, reason: ErrDraining.Error(), exit: noExit, files: sockFile},
 		{name: "client gone before the decoder connects", share: clientLeavesAfter(noConnect),
-			step: machine.StepReceive, reason: clientGone, exit: noExit, files: sockFile},
+			class: metrics.ClassCancelled, step: machine.StepReceive, reason: clientGone, exit: noExit, files: sockFile},
 
 		// peer
 		{name: "peer pid is not the decoder's", cfg: func(c *Config) { c.PeerPID = func() int { return 1 } },
-			step: machine.StepPeer, reason: errWrongPeer.Error() + " (peer pid " + strconv.Itoa(os.Getpid()), exit: noExit, files: sockFile},
+			class: metrics.ClassPeerRefused, step: machine.StepPeer, reason: errWrongPeer.Error() + " (peer pid " + strconv.Itoa(os.Getpid()), exit: noExit, files: sockFile},
 		{name: "peer uid is not the decoder's", cfg: func(c *Config) { c.PeerPID = nil; c.PeerUID = os.Getuid() + 1 },
-			step: machine.StepPeer, reason: errWrongPeer.Error() + " (peer uid", exit: noExit, files: sockFile},
+			class: metrics.ClassPeerRefused, step: machine.StepPeer, reason: errWrongPeer.Error() + " (peer uid", exit: noExit, files: sockFile},
 		{name: "another process connects first", share: stranger,
-			step: machine.StepPeer, reason: errWrongPeer.Error() + " (peer pid", exit: noExit, files: sockFile},
+			class: metrics.ClassPeerRefused, step: machine.StepPeer, reason: errWrongPeer.Error() + " (peer pid", exit: noExit, files: sockFile},
 		{name: "another process connects first, share then fails", share: then(stranger, apiErr("share", 500, "server_error", "x")),
-			step: machine.StepPeer, reason: errWrongPeer.Error(), exit: noExit, files: sockFile},
+			class: metrics.ClassPeerRefused, step: machine.StepPeer, reason: errWrongPeer.Error(), exit: noExit, files: sockFile},
 
 		// tokens
 		{name: "a tokens file is in the way", setup: func(t *testing.T, dir, stem string) { touch(t, dir, stem+".tokens") },
-			step: machine.StepTokens, reason: "cannot write the tokens file", exit: noExit, fds: nfds, files: sockFile + 1},
+			class: metrics.ClassLocalIO, step: machine.StepTokens, reason: "cannot write the tokens file", exit: noExit, fds: nfds, files: sockFile + 1},
 		{name: "a layout file is in the way", setup: func(t *testing.T, dir, stem string) { touch(t, dir, stem+".json") },
-			step: machine.StepTokens, reason: "cannot write the layout file", exit: noExit, fds: nfds, files: sockFile + tokensFile + 1},
+			class: metrics.ClassLocalIO, step: machine.StepTokens, reason: "cannot write the layout file", exit: noExit, fds: nfds, files: sockFile + tokensFile + 1},
 
 		// provider
 		{name: "provider exits 3", prov: provFail,
-			step: machine.StepProvider, reason: "provider exited with status 3: " + helperStderr, exit: 3, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassProviderFailed, step: machine.StepProvider, reason: "provider exited with status 3: " + helperStderr, exit: 3, fds: nfds, files: sockFile + tokensFile + layoutFile},
 		{name: "provider times out", prov: provHang, provTO: 300 * time.Millisecond,
-			step: machine.StepProvider, reason: "provider timed out after 300ms (process group killed)", exit: -1, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassTimeout, step: machine.StepProvider, reason: "provider timed out after 300ms (process group killed)", exit: -1, fds: nfds, files: sockFile + tokensFile + layoutFile},
 		{name: "provider writes the regions, then fails", prov: provWriteFail,
-			step: machine.StepProvider, reason: "provider exited with status 1: wrote the regions, then lost the device", exit: 1, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassProviderFailed, step: machine.StepProvider, reason: "provider exited with status 1: wrote the regions, then lost the device", exit: 1, fds: nfds, files: sockFile + tokensFile + layoutFile},
 		{name: "provider cannot start", noProv: true,
-			step: machine.StepProvider, reason: "provider could not start", exit: -1, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassProviderFailed, step: machine.StepProvider, reason: "provider could not start", exit: -1, fds: nfds, files: sockFile + tokensFile + layoutFile},
 		{name: "client gone while the provider runs", prov: provHang, cut: goneProvider,
-			step: machine.StepProvider, reason: clientGone, exit: -1, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassCancelled, step: machine.StepProvider, reason: clientGone, exit: -1, fds: nfds, files: sockFile + tokensFile + layoutFile},
 		{name: "onebitd drains while the provider runs", prov: provHang, cut: drainInProv,
-			step: machine.StepProvider, reason: ErrDraining.Error(), exit: -1, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassCancelled, step: machine.StepProvider, reason: ErrDraining.Error(), exit: -1, fds: nfds, files: sockFile + tokensFile + layoutFile},
 
 		// adopt
 		{name: "adopt refuses the share_id (400)", adopt: refuse(apiErr("adopt", 400, "invalid_request_error", "share_id 1 is not the last share of slot 0")),
-			step: machine.StepAdopt, reason: "decoder answered adopt with 400 invalid_request_error: share_id 1", status: 400, exit: noExit, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassDecoderRefused, step: machine.StepAdopt, reason: "decoder answered adopt with 400 invalid_request_error: share_id 1", status: 400, exit: noExit, fds: nfds, files: sockFile + tokensFile + layoutFile},
 		{name: "adopt answers 500", adopt: refuse(apiErr("adopt", 500, "server_error", "x")),
-			step: machine.StepAdopt, reason: "decoder answered adopt with 500", status: 500, exit: noExit, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassDecoderError, step: machine.StepAdopt, reason: "decoder answered adopt with 500", status: 500, exit: noExit, fds: nfds, files: sockFile + tokensFile + layoutFile},
 		{name: "adopt does not answer in time", adopt: lateAnswer("adopt"), cfg: func(c *Config) { c.ApplyTimeout = 200 * time.Millisecond },
-			step: machine.StepAdopt, reason: "the decoder did not answer the adopt request within 200ms", exit: noExit, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassTimeout, step: machine.StepAdopt, reason: "the decoder did not answer the adopt request in time (200ms)", exit: noExit, fds: nfds, files: sockFile + tokensFile + layoutFile},
 		{name: "client gone during adopt", adopt: leaves("adopt"),
-			step: machine.StepAdopt, reason: clientGone, exit: noExit, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassCancelled, step: machine.StepAdopt, reason: clientGone, exit: noExit, fds: nfds, files: sockFile + tokensFile + layoutFile},
 
 		// file route
 		{name: "file: a tokens file is in the way", file: true, setup: func(t *testing.T, dir, stem string) { touch(t, dir, stem+".tokens") },
-			step: machine.StepTokens, reason: "cannot write the tokens file", exit: noExit, files: 1},
+			class: metrics.ClassLocalIO, step: machine.StepTokens, reason: "cannot write the tokens file", exit: noExit, files: 1},
 		{name: "file: client gone before the handoff", file: true, cut: goneBefore,
-			step: machine.StepTokens, reason: clientGone, exit: noExit},
+			class: metrics.ClassCancelled, step: machine.StepTokens, reason: clientGone, exit: noExit},
 		{name: "file: provider exits 3", file: true, prov: provFail,
-			step: machine.StepProvider, reason: "provider exited with status 3: " + helperStderr, exit: 3, files: tokensFile},
+			class: metrics.ClassProviderFailed, step: machine.StepProvider, reason: "provider exited with status 3: " + helperStderr, exit: 3, files: tokensFile},
 		{name: "file: provider times out (its .tmp removed)", file: true, prov: provHang, provTO: 300 * time.Millisecond,
-			step: machine.StepProvider, reason: "provider timed out after 300ms (process group killed)", exit: -1, files: tokensFile + stateFile},
+			class: metrics.ClassTimeout, step: machine.StepProvider, reason: "provider timed out after 300ms (process group killed)", exit: -1, files: tokensFile + stateFile},
 		{name: "file: provider writes part of the state, then fails", file: true, prov: provWriteFail,
-			step: machine.StepProvider, reason: "provider exited with status 1: wrote the regions, then lost the device", exit: 1, files: tokensFile + stateFile},
+			class: metrics.ClassProviderFailed, step: machine.StepProvider, reason: "provider exited with status 1: wrote the regions, then lost the device", exit: 1, files: tokensFile + stateFile},
 		{name: "file: provider cannot start", file: true, noProv: true,
-			step: machine.StepProvider, reason: "provider could not start", exit: -1, files: tokensFile},
+			class: metrics.ClassProviderFailed, step: machine.StepProvider, reason: "provider could not start", exit: -1, files: tokensFile},
 		{name: "file: client gone while the provider runs", file: true, prov: provHang, cut: goneProvider,
-			step: machine.StepProvider, reason: clientGone, exit: -1, files: tokensFile + stateFile},
+			class: metrics.ClassCancelled, step: machine.StepProvider, reason: clientGone, exit: -1, files: tokensFile + stateFile},
 		{name: "file: restore refused (400)", file: true, restore: refuse(apiErr("restore", 400, "invalid_request_error", "failed to restore slot state")),
-			step: machine.StepRestore, reason: "decoder answered restore with 400 invalid_request_error: failed to restore", status: 400, exit: noExit, files: tokensFile + stateFile},
+			class: metrics.ClassDecoderRefused, step: machine.StepRestore, reason: "decoder answered restore with 400 invalid_request_error: failed to restore", status: 400, exit: noExit, files: tokensFile + stateFile},
 		{name: "file: restore answers 500", file: true, restore: refuse(apiErr("restore", 500, "server_error", "x")),
-			step: machine.StepRestore, reason: "decoder answered restore with 500", status: 500, exit: noExit, files: tokensFile + stateFile},
+			class: metrics.ClassDecoderError, step: machine.StepRestore, reason: "decoder answered restore with 500", status: 500, exit: noExit, files: tokensFile + stateFile},
 		{name: "file: restore does not answer in time", file: true, restore: lateAnswer("restore"), cfg: func(c *Config) { c.ApplyTimeout = 200 * time.Millisecond },
-			step: machine.StepRestore, reason: "the decoder did not answer the restore request within 200ms", exit: noExit, files: tokensFile + stateFile},
+			class: metrics.ClassTimeout, step: machine.StepRestore, reason: "the decoder did not answer the restore request in time (200ms)", exit: noExit, files: tokensFile + stateFile},
 		{name: "file: client gone during restore", file: true, restore: leaves("restore"),
-			step: machine.StepRestore, reason: clientGone, exit: noExit, files: tokensFile + stateFile},
+			class: metrics.ClassCancelled, step: machine.StepRestore, reason: clientGone, exit: noExit, files: tokensFile + stateFile},
 	}
 }
 
@@ -311,6 +313,9 @@ func runFallback(t *testing.T, tc fbCase) {
 	ev := lastEvent(r.ev)
 	if !strings.HasPrefix(reason, tc.reason) {
 		t.Errorf("reason %q\n  want it to start with %q", reason, tc.reason)
+	}
+	if c := metrics.Classify(&ev); c != tc.class {
+		t.Errorf("the metrics class the reason %q falls in is %s, want %s", reason, c, tc.class)
 	}
 	if ev.HTTPStatus != tc.status {
 		t.Errorf("http_status %d, want %d", ev.HTTPStatus, tc.status)
