@@ -16,6 +16,7 @@ package jsonexact
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -25,19 +26,31 @@ import (
 // at every level. Keys without a matching field are ignored, as
 // encoding/json ignores them. Errors wrap encoding/json's with the path of
 // the field ("messages[1].role: …").
-func Unmarshal(data []byte, v any) error {
+func Unmarshal(data []byte, v any) error { return unmarshal(data, v, false) }
+
+// UnmarshalStrict is Unmarshal that also refuses, at every level, a key no
+// field is named exactly (ErrUnknownKey): "FD_INDEX" is an unknown key, not
+// fd_index.
+func UnmarshalStrict(data []byte, v any) error { return unmarshal(data, v, true) }
+
+// ErrUnknownKey: UnmarshalStrict met a key without a field of that exact name.
+var ErrUnknownKey = errors.New("jsonexact: unknown key")
+
+func unmarshal(data []byte, v any, strict bool) error {
 	rv := reflect.ValueOf(v)
 	if rv.Kind() != reflect.Pointer || rv.IsNil() {
 		return fmt.Errorf("jsonexact: Unmarshal needs a non-nil pointer, got %T", v)
 	}
-	return set(bytes.TrimSpace(data), rv.Elem())
+	return (&walker{strict: strict}).set(bytes.TrimSpace(data), rv.Elem())
 }
+
+type walker struct{ strict bool }
 
 func isNull(data []byte) bool { return string(data) == "null" }
 
 var rawType = reflect.TypeFor[json.RawMessage]()
 
-func set(data []byte, rv reflect.Value) error {
+func (w *walker) set(data []byte, rv reflect.Value) error {
 	t := rv.Type()
 	if t == rawType || !needsWalk(t) {
 		return json.Unmarshal(data, rv.Addr().Interface())
@@ -51,7 +64,7 @@ func set(data []byte, rv reflect.Value) error {
 		if rv.IsNil() {
 			rv.Set(reflect.New(t.Elem()))
 		}
-		return set(data, rv.Elem())
+		return w.set(data, rv.Elem())
 	case reflect.Slice:
 		if isNull(data) {
 			rv.SetZero()
@@ -63,7 +76,7 @@ func set(data []byte, rv reflect.Value) error {
 		}
 		s := reflect.MakeSlice(t, len(items), len(items))
 		for i, it := range items {
-			if err := set(bytes.TrimSpace(it), s.Index(i)); err != nil {
+			if err := w.set(bytes.TrimSpace(it), s.Index(i)); err != nil {
 				return fmt.Errorf("[%d]: %w", i, err)
 			}
 		}
@@ -77,6 +90,7 @@ func set(data []byte, rv reflect.Value) error {
 		if err := json.Unmarshal(data, &m); err != nil {
 			return err
 		}
+		known := 0
 		for i := range t.NumField() {
 			f := t.Field(i)
 			name, ok := fieldName(f)
@@ -87,8 +101,16 @@ func set(data []byte, rv reflect.Value) error {
 			if !ok {
 				continue
 			}
-			if err := set(bytes.TrimSpace(raw), rv.Field(i)); err != nil {
+			known++
+			if err := w.set(bytes.TrimSpace(raw), rv.Field(i)); err != nil {
 				return fmt.Errorf("%s: %w", name, err)
+			}
+		}
+		if w.strict && known < len(m) {
+			for k := range m {
+				if !hasField(t, k) {
+					return fmt.Errorf("%w %q", ErrUnknownKey, k)
+				}
 			}
 		}
 		return nil
@@ -103,6 +125,15 @@ func needsWalk(t reflect.Type) bool {
 		t = t.Elem()
 	}
 	return t.Kind() == reflect.Struct && !reflect.PointerTo(t).Implements(reflect.TypeFor[json.Unmarshaler]())
+}
+
+func hasField(t reflect.Type, key string) bool {
+	for i := range t.NumField() {
+		if name, ok := fieldName(t.Field(i)); ok && name == key {
+			return true
+		}
+	}
+	return false
 }
 
 // fieldName is the JSON name of f, or false when encoding/json skips it.

@@ -2,6 +2,7 @@ package jsonexact
 
 import (
 	"encoding/json"
+	"errors"
 	"reflect"
 	"testing"
 )
@@ -62,6 +63,20 @@ func TestUnmarshal(t *testing.T) {
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
 		})
+	}
+	for _, tc := range []struct {
+		in string
+		ok bool
+	}{
+		{`{"id_slot":1,"messages":[{"role":"u","parts":[{"type":"t"}]}]}`, true},
+		{`{"ID_SLOT":1}`, false},
+		{`{"messages":[{"role":"u","Role":"x"}]}`, false},
+		{`{"messages":[{"parts":[{"type":"t","extra":1}]}]}`, false},
+	} {
+		var b body
+		if err := UnmarshalStrict([]byte(tc.in), &b); (err == nil) != tc.ok || err != nil && !errors.Is(err, ErrUnknownKey) {
+			t.Errorf("strict %s: %v", tc.in, err)
+		}
 	}
 	if err := Unmarshal([]byte(`{}`), body{}); err == nil {
 		t.Error("a non-pointer was accepted")

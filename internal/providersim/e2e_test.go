@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/onebitd/onebitd/internal/simkv"
 )
@@ -281,4 +282,42 @@ func TestSimTimeKnobs(t *testing.T) {
 	if r := runSim(t, context.Background(), nil, "--fixed-ms", "-1", "--tokens", tokFile, "--model", modelPath, "--state", filepath.Join(dir, "s.bin")); r.code != 2 {
 		t.Fatalf("negative --fixed-ms: exit %d %q", r.code, r.lastLine)
 	}
+}
+
+// sealedMemfd is a memfd holding data, sealed against writes (DESIGN §2b).
+func sealedMemfd(t *testing.T, data []byte) *os.File {
+	t.Helper()
+	fd, err := unix.MemfdCreate("provider-input", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "provider-input")
+	t.Cleanup(func() { f.Close() })
+	if _, err := f.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_WRITE|unix.F_SEAL_GROW|unix.F_SEAL_SHRINK|unix.F_SEAL_SEAL); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// TestSimProcFDPaths (DESIGN §2b): tokens and layout arrive as sealed memfds
+// named /proc/self/fd/N; the provider opens them as paths, unchanged.
+func TestSimProcFDPaths(t *testing.T) {
+	modelPath, model := writeModel(t, t.TempDir(), "a")
+	tokens := simkv.Tokenize("the cache of the slot", true)
+	h, regions := makeShare(t, model, defaultGeometry)
+	files := append(append([]*os.File{}, regions...), sealedMemfd(t, []byte(tokensJSON(tokens))), sealedMemfd(t, headerJSON(t, h)))
+	n := len(regions)
+	fds := make([]string, n)
+	for i := range fds {
+		fds[i] = fmt.Sprint(3 + i)
+	}
+	r := runSim(t, context.Background(), files, "--tokens", fmt.Sprintf("/proc/self/fd/%d", 3+n), "--model", modelPath,
+		"--layout", fmt.Sprintf("/proc/self/fd/%d", 4+n), "--fds", strings.Join(fds, ","))
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.lastLine)
+	}
+	checkShared(t, h, regions, model, tokens, true)
 }

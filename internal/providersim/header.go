@@ -7,13 +7,14 @@ import (
 	"fmt"
 
 	"github.com/onebitd/onebitd/fdpass"
+	"github.com/onebitd/onebitd/internal/jsonexact"
 	"github.com/onebitd/onebitd/internal/simkv"
 )
 
 // ParseHeader parses the layout file (the share header JSON, verbatim as the
 // decoder sent it) and validates it against nfds passed fds with
-// fdpass.Header.Validate. Unknown fields and trailing data are refused, as
-// onebitd's receiver refuses them.
+// fdpass.Header.Validate. Keys match exactly; unknown keys and trailing data
+// are refused, as onebitd's receiver refuses them.
 func ParseHeader(data []byte, nfds int) (fdpass.Header, error) {
 	h, err := parseHeader(data, nfds)
 	if err != nil {
@@ -28,12 +29,16 @@ func parseHeader(data []byte, nfds int) (fdpass.Header, error) {
 	}
 	var h fdpass.Header
 	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&h); err != nil {
+	var raw json.RawMessage
+	if err := dec.Decode(&raw); err != nil {
 		return fdpass.Header{}, fmt.Errorf("not a share header: %v", err)
 	}
 	if dec.More() {
 		return fdpass.Header{}, errors.New("data after the header object")
+	}
+	// Exact keys, unknown ones refused: "FD_INDEX" is not fd_index.
+	if err := jsonexact.UnmarshalStrict(raw, &h); err != nil {
+		return fdpass.Header{}, fmt.Errorf("not a share header: %v", err)
 	}
 	if err := h.Validate(nfds); err != nil {
 		return fdpass.Header{}, err
