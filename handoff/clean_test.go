@@ -7,6 +7,7 @@ import (
 )
 
 func TestCleanStale(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	id := NewRequestID()
 	if len(id) != RequestIDLen {
