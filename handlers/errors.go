@@ -2,13 +2,26 @@ package handlers
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 )
 
-// llama-server's error types.
+// Errors of this package.
+var (
+	// ErrNoAPIKeys: an API key file holds no key.
+	ErrNoAPIKeys = errors.New("handlers: the API key file holds no key (one key a line)")
+	// ErrNoVocab: the decoder's model list does not say n_vocab.
+	ErrNoVocab = errors.New("handlers: the decoder's /v1/models has no meta.n_vocab")
+)
+
+// llama-server's error types (tools/server format_error_response). A 408
+// (a body that did not arrive in time) and a 413 are the client's request
+// at fault: invalid_request_error, with the HTTP status as code.
 const (
 	typeInvalidRequest = "invalid_request_error"
+	typeAuthentication = "authentication_error" // 401
+	typePermission     = "permission_error"     // 403
 	typeNotFound       = "not_found_error"
 	typeServer         = "server_error"
 	typeUnavailable    = "unavailable_error"

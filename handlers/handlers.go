@@ -32,8 +32,16 @@ const (
 	HeaderRequestID = "X-Onebit-Request-Id"
 )
 
-// DefaultMaxBody caps a completion request body (413 above).
-const DefaultMaxBody = 32 << 20
+// Defaults of Config (the daemon's flags use them).
+const (
+	// DefaultMaxBody caps a completion request body (413 above).
+	DefaultMaxBody = 32 << 20
+	// DefaultBodyTimeout is how long a client has to send its request body
+	// once its headers arrived (--body-timeout).
+	DefaultBodyTimeout = 60 * time.Second
+	// DefaultTokenizeTimeout bounds /apply-template + /tokenize.
+	DefaultTokenizeTimeout = 30 * time.Second
+)
 
 // Config wires the front to the rest of onebitd.
 type Config struct {
@@ -48,11 +56,33 @@ type Config struct {
 	// Ready, when set, gates completions: while it returns an error they
 	// get a clean 503 (a decoder being restarted), never a hang.
 	Ready func() error
+
+	// ExposeSlotsAPI (--expose-slots-api) lets clients reach the decoder's
+	// /slots tree (GET /slots, ?action=save|restore|erase|share|adopt)
+	// through the proxy. Off: 403 permission_error. Whoever can reach it can
+	// read, overwrite or erase every slot's KV cache and write files as the
+	// decoder: an operator's tool, never a client's.
+	ExposeSlotsAPI bool
+	// APIKeys (--api-key-file, see LoadAPIKeys): when set, every request
+	// but /health, /v1/health and CORS preflights must present one of them
+	// (Authorization: Bearer KEY, or X-Api-Key), else 401. The key is not
+	// forwarded to the decoder.
+	APIKeys []string
+	// BodyTimeout (--body-timeout) is how long a client has, once its
+	// headers arrived, to send its whole body; then 408. 0 means
+	// DefaultBodyTimeout, a negative value no deadline.
+	BodyTimeout time.Duration
+	// NVocab is the decoder model's vocabulary size (DecoderVocab). When
+	// set, a prompt of token ids with an id outside [0, NVocab) is answered
+	// 400 as llama-server answers it, before a provider sees it. 0: not
+	// checked.
+	NVocab int
 }
 
 // Server is the HTTP front.
 type Server struct {
 	cfg   Config
+	keys  keySet
 	proxy *httputil.ReverseProxy
 	mux   *http.ServeMux
 	log   *slog.Logger
@@ -67,7 +97,13 @@ func New(cfg Config) (*Server, error) {
 		cfg.MaxBody = DefaultMaxBody
 	}
 	if cfg.TokenizeTimeout == 0 {
-		cfg.TokenizeTimeout = 30 * time.Second
+		cfg.TokenizeTimeout = DefaultTokenizeTimeout
+	}
+	if cfg.BodyTimeout == 0 {
+		cfg.BodyTimeout = DefaultBodyTimeout
+	}
+	if len(cfg.APIKeys) > 0 && len(newKeySet(cfg.APIKeys)) == 0 {
+		return nil, fmt.Errorf("%w: every key is empty", ErrNoAPIKeys)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -76,7 +112,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, keys: newKeySet(cfg.APIKeys), log: cfg.Logger, mux: http.NewServeMux()}
 	s.proxy = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(up)
@@ -85,6 +121,10 @@ func New(cfg Config) (*Server, error) {
 		Transport:     cfg.Decoder.HTTP().Transport,
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if bodyTimedOut(r, nil) {
+				s.writeBodyTimeout(w)
+				return
+			}
 			if r.Context().Err() != nil {
 				return
 			}
@@ -101,9 +141,6 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
-
 type kind int
 
 const (
@@ -117,15 +154,25 @@ func (s *Server) completion(k kind) http.Handler {
 		w.Header().Set(HeaderRequestID, id)
 		log := s.log.With("request_id", id)
 
+		if r.ContentLength > s.cfg.MaxBody {
+			// From the header, before a byte of the body is read.
+			w.Header().Set("Connection", "close")
+			writeError(w, http.StatusRequestEntityTooLarge, typeInvalidRequest,
+				fmt.Sprintf("request body too large (limit %d bytes)", s.cfg.MaxBody))
+			return
+		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBody))
 		if err != nil {
 			var mbe *http.MaxBytesError
-			if errors.As(err, &mbe) {
+			switch {
+			case errors.As(err, &mbe):
 				writeError(w, http.StatusRequestEntityTooLarge, typeInvalidRequest,
 					fmt.Sprintf("request body too large (limit %d bytes)", mbe.Limit))
-				return
+			case bodyTimedOut(r, err):
+				s.writeBodyTimeout(w)
+			default:
+				writeError(w, http.StatusBadRequest, typeInvalidRequest, "cannot read request body: "+err.Error())
 			}
-			writeError(w, http.StatusBadRequest, typeInvalidRequest, "cannot read request body: "+err.Error())
 			return
 		}
 		var fields map[string]json.RawMessage
@@ -150,14 +197,27 @@ func (s *Server) completion(k kind) http.Handler {
 		var why error
 		if s.cfg.Handoff != nil {
 			tokens, why = s.tokens(r.Context(), k, body, fields)
+			if r.Context().Err() != nil {
+				s.clientGone(log, machine.StepTokenize)
+				return
+			}
+			if errors.Is(why, errInvalidTokens) {
+				writeError(w, http.StatusBadRequest, typeInvalidRequest, msgInvalidTokens)
+				return
+			}
 		}
 
 		slot, err := s.cfg.Pool.Acquire(r.Context())
-		if err != nil {
-			if errors.Is(err, slots.ErrQueueFull) {
-				writeError(w, http.StatusServiceUnavailable, typeUnavailable, "all decoder slots are busy and the wait queue is full; retry later")
-			}
-			return // client gone
+		switch {
+		case errors.Is(err, slots.ErrQueueFull):
+			writeError(w, http.StatusServiceUnavailable, typeUnavailable, "all decoder slots are busy and the wait queue is full; retry later")
+			return
+		case errors.Is(err, slots.ErrClosed):
+			writeError(w, http.StatusServiceUnavailable, typeUnavailable, "onebitd is shutting down and takes no new request; retry on another instance or later")
+			return
+		case err != nil:
+			s.clientGone(log, StepQueue)
+			return
 		}
 		defer s.cfg.Pool.Release(slot)
 
@@ -218,8 +278,22 @@ func appendKey(out []byte, k string) []byte {
 	return append(out, '"')
 }
 
+// errInvalidTokens: a prompt of token ids holds an id outside the
+// vocabulary; llama-server refuses it with msgInvalidTokens (400
+// invalid_request_error).
+var errInvalidTokens = errors.New("the prompt holds a token id outside the vocabulary")
+
+const msgInvalidTokens = "Prompt contains invalid tokens"
+
+// clientGone reports a client that left before its request held a slot:
+// such a request has no machine (a machine needs a slot), so a log line
+// says where it left.
+func (s *Server) clientGone(log *slog.Logger, step string) {
+	log.Info("client went away", "step", step, "reason", ReasonClientGone)
+}
+
 // tokens is the prompt's token ids as the decoder will see them. An error
-// is a fallback reason.
+// is a fallback reason, or errInvalidTokens (the request is refused).
 func (s *Server) tokens(ctx context.Context, k kind, body []byte, fields map[string]json.RawMessage) ([]int, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.TokenizeTimeout)
 	defer cancel()
@@ -243,6 +317,13 @@ func (s *Server) tokens(ctx context.Context, k kind, body []byte, fields map[str
 			var ids []int
 			if json.Unmarshal(raw, &ids) != nil {
 				return nil, errors.New("the prompt is neither a string nor an array of token ids (several prompts or mixed arrays are not handed over)")
+			}
+			if s.cfg.NVocab > 0 {
+				for _, id := range ids {
+					if id < 0 || id >= s.cfg.NVocab {
+						return nil, errInvalidTokens
+					}
+				}
 			}
 			return worthIt(ids)
 		}
@@ -275,7 +356,11 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, m *machine.Mach
 	m.Fire(machine.EvForward, machine.Attrs{})
 	w.Header().Set(HeaderRoute, string(m.Route()))
 
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, s.cfg.Decoder.BaseURL()+r.URL.Path, bytes.NewReader(body))
+	target := s.cfg.Decoder.BaseURL() + r.URL.EscapedPath()
+	if r.URL.RawQuery != "" {
+		target += "?" + r.URL.RawQuery
+	}
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, target, bytes.NewReader(body))
 	if err != nil {
 		s.fail(m, 0, err)
 		writeError(w, http.StatusInternalServerError, typeServer, err.Error())
@@ -290,7 +375,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, m *machine.Mach
 	resp, err := s.cfg.Decoder.HTTP().Do(req)
 	if err != nil {
 		if r.Context().Err() != nil {
-			s.fail(m, 0, errors.New("the client went away before the decoder answered"))
+			s.fail(m, 0, errors.New(ReasonClientGone+" before the decoder answered"))
 			return
 		}
 		s.fail(m, 0, err)
@@ -313,7 +398,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, m *machine.Mach
 
 	if err := s.copy(w, resp.Body, stream); err != nil {
 		if r.Context().Err() != nil {
-			s.fail(m, resp.StatusCode, errors.New("the client went away mid-response"))
+			s.fail(m, resp.StatusCode, errors.New(ReasonClientGone+" mid-response"))
 			return
 		}
 		if stream {

@@ -23,7 +23,15 @@ import (
 )
 
 // sim is the decoder simulator, in process, as the decoder.
-func sim(t *testing.T, mod func(*decodersim.Config)) *httptest.Server {
+func sim(t testing.TB, mod func(*decodersim.Config)) *httptest.Server {
+	t.Helper()
+	ts, _ := simWrap(t, mod, nil)
+	return ts
+}
+
+// simWrap is sim with wrap around the simulator's handler (nil: none); it
+// also returns the simulator's configuration.
+func simWrap(t testing.TB, mod func(*decodersim.Config), wrap func(http.Handler) http.Handler) (*httptest.Server, decodersim.Config) {
 	t.Helper()
 	cfg := decodersim.DefaultConfig()
 	cfg.ModelPath = filepath.Join(t.TempDir(), "m.gguf")
@@ -38,9 +46,13 @@ func sim(t *testing.T, mod func(*decodersim.Config)) *httptest.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(s.Handler())
+	var h http.Handler = s.Handler()
+	if wrap != nil {
+		h = wrap(h)
+	}
+	ts := httptest.NewServer(h)
 	t.Cleanup(func() { ts.Close(); s.Close() })
-	return ts
+	return ts, cfg
 }
 
 type front struct {
