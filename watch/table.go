@@ -45,7 +45,6 @@ type tableRow struct {
 	last    int64 // elapsed_us of the previous event; -1: unknown (first seen mid-way)
 	phases  [len(tableCols)]int64
 	has     [len(tableCols)]bool
-	handoff string // adopt, restore or fallback
 	total   int64
 	step    string
 	reason  string
@@ -130,9 +129,6 @@ func (t *Table) Add(e *event.Event) {
 	}
 	if c := colOf(e.Event); c >= 0 && r.last >= 0 {
 		r.phases[c], r.has[c] = e.ElapsedUS-r.last, true
-		if c == 3 {
-			r.handoff = e.Event
-		}
 	}
 	r.last = e.ElapsedUS
 	r.total = e.ElapsedUS
@@ -165,9 +161,9 @@ func (t *Table) Render(dst []byte, colour bool) []byte {
 	}
 	head := []cell{{s: "NODE", w: 10}, {s: "REQUEST", w: 18}, {s: "ROUTE", w: 8}, {s: "STATE", w: 10}}
 	for _, c := range tableCols {
-		head = append(head, cell{s: c, w: -9})
+		head = append(head, cell{s: c, w: -7})
 	}
-	head = append(head, cell{s: "TOTAL", w: -9}, cell{s: "STEP", w: 9}, cell{s: "REASON"})
+	head = append(head, cell{s: "TOTAL", w: -7}, cell{s: "STEP", w: 8}, cell{s: "REASON"})
 	line(head)
 	for _, r := range t.rows {
 		cells := []cell{{s: word(r.key.node), w: 10}, {s: word(r.key.id), w: 18}, {s: word(r.route), w: 8},
@@ -176,17 +172,14 @@ func (t *Table) Render(dst []byte, colour bool) []byte {
 			s := ""
 			if r.has[i] {
 				s = micros(r.phases[i])
-				if i == 3 && r.handoff == "fallback" {
-					s = "fb " + s
-				}
 			}
-			cells = append(cells, cell{s: s, w: -9})
+			cells = append(cells, cell{s: s, w: -7})
 		}
 		step := ""
 		if r.step != "" {
 			step = word(r.step)
 		}
-		cells = append(cells, cell{s: micros(r.total), w: -9}, cell{s: step, w: 9})
+		cells = append(cells, cell{s: micros(r.total), w: -7}, cell{s: step, w: 8})
 		if r.reason != "" {
 			cells = append(cells, cell{s: strconv.Quote(r.reason), colour: ansiRed})
 		} else {

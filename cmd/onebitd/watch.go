@@ -14,14 +14,15 @@ import (
 
 	"github.com/mattn/go-isatty"
 	"github.com/nats-io/nats.go"
+	"golang.org/x/sys/unix"
 
 	"github.com/onebitd/onebitd/bus"
 	"github.com/onebitd/onebitd/watch"
 )
 
-// watchMain is `onebitd watch`: one line per handoff event from NATS (see
-// package watch). Ctrl-C exits 0; 1 when the server cannot be reached at
-// start; 2 on bad usage.
+// watchMain is `onebitd watch`: a live table of requests on a terminal, else
+// one line per handoff event from NATS (see package watch). Ctrl-C exits 0;
+// 1 when the server cannot be reached at start; 2 on bad usage.
 func watchMain(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -42,6 +43,9 @@ func watchRun(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 	fs.BoolVar(&p.Failed, "failed", false, "only fallbacks, failed requests and events carrying a reason")
 	fs.BoolVar(&p.JSON, "json", false, "print each event's JSON payload, one per line")
 	fs.StringVar(&subject, "subject", watch.SubjectAll, "subject to subscribe to")
+	fs.StringVar(&p.Node, "node", "", "only events of this node")
+	fs.StringVar(&p.Route, "route", "", "only requests on this route (plain, file, shared, fallback)")
+	lines := fs.Bool("lines", false, "one line per event even on a terminal (default there: a live table)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -54,6 +58,13 @@ func watchRun(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 	}
 	if p.JSON {
 		p.Colour = false
+	}
+	if tty && !p.JSON && !*lines {
+		p.Table = &watch.Table{Loc: time.Local}
+		if rows, cols, ok := termSize(stdout); ok {
+			p.Table.Width = cols
+			p.Table.Rows = max(rows-12, 5) // header, summary and lifecycle lines fit on the screen
+		}
 	}
 	// nats.go's handlers write from their own goroutine, possibly while the
 	// connection closes: serialise them and silence them once we return.
@@ -110,6 +121,19 @@ func watchRun(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 		return 1
 	}
 	return 0
+}
+
+// termSize is the terminal's rows and columns when w is one.
+func termSize(w io.Writer) (rows, cols int, ok bool) {
+	f, isFile := w.(*os.File)
+	if !isFile {
+		return 0, 0, false
+	}
+	ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ)
+	if err != nil || ws.Row == 0 || ws.Col == 0 {
+		return 0, 0, false
+	}
+	return int(ws.Row), int(ws.Col), true
 }
 
 // gatedWriter serialises writes and drops them after shut.

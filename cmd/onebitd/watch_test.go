@@ -121,7 +121,7 @@ func TestWatchCommandEndToEnd(t *testing.T) {
 		{"failed", false, []string{"--nats-url", url, "--nats-creds", creds, "--failed"}, []string{
 			local(evs[4]) + ` node-a r2 shared prefilled→fallback step=prefill reason="the provider exited with status 1" provider_exit=1 elapsed=700µs`,
 		}},
-		{"tty colours", true, []string{"--nats-url", url, "--nats-nkey", creds, "--subject", "onebit.*.handoff.adopted"}, []string{
+		{"tty colours", true, []string{"--nats-url", url, "--nats-nkey", creds, "--subject", "onebit.*.handoff.adopted", "--lines"}, []string{
 			local(evs[3]) + " node-a r1 shared \x1b[32mprefilled→adopted\x1b[0m share_id=4 n_tokens=512 elapsed=51ms",
 		}},
 		{"json", true, []string{"--nats-url", url, "--nats-creds", creds, "--json", "--failed"}, []string{
