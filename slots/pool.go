@@ -40,8 +40,9 @@ func New(n, maxQueue int) *Pool {
 func (p *Pool) Size() int { return p.n }
 
 // Acquire takes a slot, waiting while every slot is busy. It fails at once
-// with ErrQueueFull when maxQueue requests already wait, and with ctx's
-// error when ctx ends first.
+// with ErrClosed after Close, with ErrQueueFull when maxQueue requests
+// already wait, and with ctx's error when ctx ends first (the caller's
+// client went away).
 func (p *Pool) Acquire(ctx context.Context) (int, error) {
 	p.mu.Lock()
 	if p.closed {
@@ -106,7 +107,11 @@ func (p *Pool) Stats() Stats {
 	return Stats{Slots: p.n, Free: len(p.free), Waiting: len(p.waiters)}
 }
 
-// Close makes later Acquire calls fail; held slots may still be released.
+// Close makes every later Acquire fail with ErrClosed (the front answers
+// 503 unavailable_error), even while a slot is free. Requests already
+// waiting keep their place and are served as held slots are released: a
+// draining daemon answers what it accepted. Held slots may still be
+// released.
 func (p *Pool) Close() {
 	p.mu.Lock()
 	p.closed = true

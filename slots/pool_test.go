@@ -91,3 +91,38 @@ func TestNoSlotLost(t *testing.T) {
 		t.Fatalf("stats: %+v", st)
 	}
 }
+
+// TestClose: a closed pool refuses every new Acquire with ErrClosed, even
+// with a slot free (the front answers it 503), and still serves the
+// requests already waiting when a held slot is released: a draining daemon
+// answers what it accepted.
+func TestClose(t *testing.T) {
+	p := New(2, 4)
+	a, _ := p.Acquire(context.Background())
+	b, _ := p.Acquire(context.Background())
+	got := make(chan int)
+	go func() {
+		s, err := p.Acquire(context.Background())
+		if err != nil {
+			t.Error(err)
+		}
+		got <- s
+	}()
+	obtest.WaitFor(t, 5*time.Second, "a waiter", func() bool { return p.Stats().Waiting == 1 })
+	p.Close()
+	if _, err := p.Acquire(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("acquire on a closed pool: %v", err)
+	}
+	p.Release(a)
+	if s := <-got; s != a {
+		t.Fatalf("the waiter got %d, want %d", s, a)
+	}
+	p.Release(b)
+	if _, err := p.Acquire(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("acquire on a closed pool with a free slot: %v", err)
+	}
+	p.Release(a)
+	if st := p.Stats(); st.Free != 2 || st.Waiting != 0 {
+		t.Fatalf("stats: %+v", st)
+	}
+}
