@@ -242,7 +242,7 @@ func appendCells(dst []byte, cells []cell, width int, colour bool) []byte {
 		}
 		pad := 0
 		if w > n {
-			pad = w - n
+			pad = min(w-n, width-used-n)
 		}
 		if c.w < 0 {
 			dst = appendSpaces(dst, pad)
