@@ -17,7 +17,8 @@
 //
 // checks the share header's layout hash against its own model, then writes
 // cells P..n-1 (P = --start, default 0) of every region of the inherited fds
-// (mapped MAP_SHARED over exactly those cells), touching nothing else. With
+// (one pwrite per region; --compact maps exactly the records' pages),
+// touching nothing else. With
 // --start P the chain continues from the digest in cell P-1 of layer 0's K
 // region, as a real prefill attends to the cells the slot kept: a wrong
 // prefix there changes the text, a cell P-1 that holds no KV is refused.
