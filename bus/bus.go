@@ -117,6 +117,7 @@ type Config struct {
 	Logger           *slog.Logger // nil ⇒ discard
 
 	noPublisher bool // tests: leave the queue unconsumed
+	noCatchUp   bool // tests: no catch-up goroutine (the test calls catchUpPass)
 }
 
 // Stats are the bus's counters since Open.
@@ -266,7 +267,7 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 	}
 	b.wg.Add(1)
 	go b.reporter()
-	if b.acks != nil {
+	if b.acks != nil && !cfg.noCatchUp {
 		b.wg.Add(1)
 		go b.catchUp()
 		b.kickCatchUp() // a restart: the last boot's tail
