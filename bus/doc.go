@@ -64,4 +64,24 @@
 // Nats-Msg-Id "<node>/<boot>/<seq>", so the server drops a duplicate resent
 // within its duplicate window. StreamEvents reads the stream back for
 // `onebitd replay --stream`.
+//
+// # Catch-up
+//
+// With JetStream, Config.EventLog and a state dir, the bus makes the stream
+// end equal to the log however long an outage lasts. Every acknowledgement
+// (or duplicate) is recorded per boot: all seqs up to "through", plus the
+// acknowledged seqs above it. The record is AckedFile in the state dir,
+// JSON {"v":1,"node":N,"boots":{"<boot>":{"through":S,"above":[…]}}},
+// rewritten atomically (temporary file, fsync, rename) at most every 250 ms
+// and on Close. A catch-up pass runs at start (the last boot's tail after a
+// crash), after a reconnect, after drops and after unacknowledged publishes
+// (1 s after the kick, so a burst coalesces): it reads the log with
+// eventlog's Reader and republishes, in log order, every event of this node
+// the record does not hold, except the live boot's events the publisher has
+// not handed to nats.go yet. Its unacknowledged publishes are bounded to a
+// quarter of the async window, so live events keep flowing. A seq the log
+// itself lacks (lost before it was written) is marked held: nothing can bring
+// it back. Log-local lines (seq 0: loss markers) are not republished; neither
+// is anything once it is older than the server's duplicate window when the
+// record was lost (it would be stored twice).
 package bus
