@@ -1,7 +1,7 @@
 // Package provjob is the wire format between onebitd and a warm provider
 // (DESIGN §2c, `--provider-mode serve`): one job on one connection of a unix
 // stream socket, one reply back. Both sides import it: onebitd sends jobs
-// (SendJob) and reads replies (ReadReply); a provider started as
+// (Call: connect, SendJob, ReadReply, close); a provider started as
 // `PROVIDER --serve --socket PATH` reads jobs (ReadJob) and answers
 // (WriteReply). The job's region fds travel with it (SCM_RIGHTS).
 //

@@ -409,3 +409,24 @@ func CloseFiles(files []*os.File) int {
 	}
 	return n
 }
+
+// Call is onebitd's side of one job: it connects to the warm provider's
+// socket at path, sends j with files' fds, waits for the reply until
+// deadline and closes the connection. files stay open (the caller closes
+// its copies). A provider that closes the connection without a reply gives
+// ErrShort, one that does not answer in time ErrTimeout: in both cases the
+// job failed and the caller kills the provider's process group (DESIGN §2c)
+// before it falls back.
+func Call(path string, j *Job, files []*os.File, deadline time.Time) (Reply, error) {
+	d := net.Dialer{Deadline: deadline}
+	c, err := d.Dial("unix", path)
+	if err != nil {
+		return Reply{}, fmt.Errorf("provjob: connect to the provider at %s: %w", path, err)
+	}
+	conn := c.(*net.UnixConn)
+	defer conn.Close()
+	if err := SendJob(conn, j, files, deadline); err != nil {
+		return Reply{}, err
+	}
+	return ReadReply(conn, deadline)
+}

@@ -264,3 +264,55 @@ func FuzzReadFrame(f *testing.F) {
 		}
 	})
 }
+
+// TestCall: one job through a listening socket; a peer that closes without
+// a reply is ErrShort, one that never answers ErrTimeout.
+func TestCall(t *testing.T) {
+	path := t.TempDir() + "/p.sock"
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	behave := make(chan string, 3)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for mode := range behave {
+			c, err := ln.AcceptUnix()
+			if err != nil {
+				return
+			}
+			j, files, err := ReadJob(c, time.Now().Add(5*time.Second))
+			CloseFiles(files)
+			switch {
+			case err != nil:
+				WriteReply(c, Reply{Reason: err.Error()}, time.Now().Add(time.Second))
+			case mode == "ok":
+				WriteReply(c, Reply{OK: true, NTokens: len(j.Tokens) - j.Start}, time.Now().Add(time.Second))
+			case mode == "silent":
+				<-behave // hold the connection until the test is done
+			}
+			c.Close()
+		}
+	}()
+	files := []*os.File{memfd(t)}
+	behave <- "ok"
+	if r, err := Call(path, sharedJob(), files, time.Now().Add(5*time.Second)); err != nil || !r.OK || r.NTokens != 2 {
+		t.Fatalf("ok: %+v %v", r, err)
+	}
+	behave <- "close"
+	if _, err := Call(path, sharedJob(), files, time.Now().Add(5*time.Second)); !errors.Is(err, ErrShort) {
+		t.Fatalf("closed without a reply: %v", err)
+	}
+	behave <- "silent"
+	if _, err := Call(path, sharedJob(), files, time.Now().Add(200*time.Millisecond)); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("no reply: %v", err)
+	}
+	close(behave)
+	ln.Close()
+	<-done
+	if _, err := Call(path, sharedJob(), files, time.Now().Add(time.Second)); err == nil {
+		t.Fatal("a call with nobody listening succeeded")
+	}
+}
