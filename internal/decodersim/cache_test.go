@@ -158,6 +158,10 @@ func testSaveEraseRestore(t *testing.T, compact bool) {
 		t.Errorf("state file of %d cells has %d bytes, want %d", a.TokensCached, fi.Size(), wantSize)
 	}
 	before := slotBytes(s.srv, 0, a.TokensCached)
+	last := s.srv.kv.bufSlot(len(s.srv.kv.bufs)-1, 0, a.TokensCached) // the last layer's V
+	if zero := bytes.Count(last, []byte{0}) == len(last); zero != compact {
+		t.Errorf("the last layer's V cells all zero: %v; want %v (full cells are evaluated in every layer)", zero, compact)
+	}
 	if _, ok := save["timings"].(map[string]any)["save_ms"]; !ok {
 		t.Errorf("save: no timings.save_ms: %v", save)
 	}
