@@ -12,6 +12,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -57,6 +58,8 @@ type Daemon struct {
 	closers []func() // run in reverse by Close
 
 	events   event.Sink
+	rec      *event.Recorder
+	inflight inflight
 	bus      *bus.Bus
 	elog     *eventlog.Writer
 	launched *launcher.Decoder
@@ -144,7 +147,7 @@ func (d *Daemon) Start(ctx context.Context) error {
 	if d.launched != nil && strings.Contains(filepath.Base(o.DecoderBin), "decoder-sim") {
 		sim = " (the bundled decoder simulator, not a real llama-server)"
 	}
-	d.log.Info("onebitd serving", "listen", "http://"+ln.Addr().String(), "decoder", d.dec.BaseURL()+sim,
+	d.log.Info("onebitd serving", "listen", "http://"+ln.Addr().String(), "decoder", d.dec.Addr()+sim,
 		"route", d.route, "slots", d.pool.Size(), "slot_dir", o.SlotDir, "provider", o.Provider)
 	return nil
 }
@@ -230,6 +233,7 @@ func (d *Daemon) openDecoder(ctx context.Context) error {
 		d.log.Info("launching the decoder", "bin", o.DecoderBin, "args", strings.Join(o.DecoderArgs, " "))
 		l, err := launcher.Start(ctx, launcher.Config{
 			Bin: o.DecoderBin, Args: o.DecoderArgs, Model: o.Model, SlotDir: o.SlotDir, Slots: slotsWanted,
+			APIKey: true, UnixSocket: true, RunDir: filepath.Join(o.StateDir, "run", "decoder"),
 			Sink: d.events, Logger: d.log,
 		})
 		if err != nil {
@@ -243,9 +247,19 @@ func (d *Daemon) openDecoder(ctx context.Context) error {
 		})
 		url = l.URL()
 	}
-	dec, err := decoder.New(url, nil)
-	if err != nil {
-		return err
+	var dec *decoder.Client
+	if d.launched != nil {
+		dec = d.launched.Client() // over its unix socket, with its per-boot key
+	} else {
+		var opts []decoder.Option
+		if o.DecoderAPIKeyFile != "" {
+			opts = append(opts, decoder.WithAPIKeyFile(o.DecoderAPIKeyFile))
+		}
+		c, err := decoder.New(url, nil, opts...)
+		if err != nil {
+			return err
+		}
+		dec = c
 	}
 	d.dec = dec
 	d.closers = append(d.closers, dec.HTTP().CloseIdleConnections)
@@ -323,7 +337,7 @@ func waitDecoder(ctx context.Context, dec *decoder.Client, limit time.Duration, 
 			return nil
 		}
 		if !logged {
-			log.Info("waiting for the decoder", "decoder", dec.BaseURL(), attrError, err)
+			log.Info("waiting for the decoder", "decoder", dec.Addr(), attrError, err)
 			logged = true
 		}
 		if time.Now().After(deadline) {
@@ -364,7 +378,12 @@ func (d *Daemon) openEvents(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("event log: %w", err)
 		}
-		if !torn.IsZero() {
+		switch {
+		case torn.IsZero():
+		case torn.SaveError != "":
+			log.Error("event log had a torn last line (a crash mid-write) that could not be kept aside: truncated in place, its bytes are gone",
+				"path", o.EventLog, "offset", torn.Offset, "bytes", torn.Bytes, "save_error", torn.SaveError, "reason", torn.Reason)
+		default:
 			log.Warn("event log had a torn last line (a crash mid-write); kept aside and truncated",
 				"path", o.EventLog, "offset", torn.Offset, "bytes", torn.Bytes, "saved_to", torn.SavedTo, "reason", torn.Reason)
 		}
@@ -395,6 +414,49 @@ func (d *Daemon) openEvents(ctx context.Context) error {
 	if u := b.ClientURL(); u != "" {
 		log.Info("events on nats", "url", u, "subjects", "onebit.>", "watch", "onebitd watch --nats-url "+u)
 	}
-	d.events = event.NewRecorder(o.Node, sinks...)
+	rec := event.NewRecorder(o.Node, append([]event.Sink{&d.inflight}, sinks...)...)
+	d.rec, d.events = rec, rec
+	if d.elog != nil {
+		subject := bus.SubjectPrefix + "." + bus.Token(o.Node) + ".eventlog.lost"
+		d.elog.SetOnLoss(func(l eventlog.Loss) {
+			data, err := json.Marshal(l)
+			if err == nil {
+				b.Publish(subject, data)
+			}
+		})
+	}
+	// A clean stop's last event says how many requests were still in
+	// flight, so that replay tells a crash from a stop (runs before the
+	// bus and the log close: closers run in reverse).
+	d.closers = append(d.closers, func() { rec.Shutdown(d.inflight.count()) })
 	return nil
+}
+
+// inflight tracks the requests that have not ended (a sink before the
+// others, so that the shutdown line counts what the log holds).
+type inflight struct {
+	mu sync.Mutex
+	m  map[string]struct{}
+}
+
+func (f *inflight) Emit(e *event.Event) {
+	if e.RequestID == "" {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if machine.Terminal(machine.State(e.To)) {
+		delete(f.m, e.RequestID)
+		return
+	}
+	if f.m == nil {
+		f.m = make(map[string]struct{})
+	}
+	f.m[e.RequestID] = struct{}{}
+}
+
+func (f *inflight) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.m)
 }

@@ -222,13 +222,19 @@ func TestDaemonRoutes(t *testing.T) {
 				t.Fatalf("drain: %v", err)
 			}
 			var last event.Event
-			for _, e := range readLog(t, s.d) {
+			evs := readLog(t, s.d)
+			for _, e := range evs {
 				if e.RequestID == got.id {
 					last = e
 				}
 			}
 			if last.To != "done" {
 				t.Fatalf("request %s ended in %q", got.id, last.To)
+			}
+			// A clean stop's last line says how many were in flight.
+			end := evs[len(evs)-1]
+			if end.Event != event.Shutdown || end.InFlight == nil || *end.InFlight != 0 {
+				t.Fatalf("last log line %+v, want the shutdown line with in_flight 0", end)
 			}
 			if left, _ := os.ReadDir(s.slotDir); len(left) != 0 {
 				t.Fatalf("slot dir not empty: %v", left)

@@ -44,10 +44,13 @@ type Options struct {
 	DecoderURL  string   // a running llama-server; or
 	DecoderBin  string   // a llama-server binary to launch and supervise
 	DecoderArgs []string // its arguments
-	Model       string   // model GGUF (provider and launched decoder)
-	Slots       int      // decoder slots; 0: the decoder's /props (1 when launched)
-	Queue       int      // requests waiting for a slot before 503
-	SlotDir     string   // default <StateDir>/slots
+	// DecoderAPIKeyFile holds the key of a decoder attached by URL (its
+	// --api-key-file); a launched decoder gets a per-boot key of its own.
+	DecoderAPIKeyFile string
+	Model             string // model GGUF (provider and launched decoder)
+	Slots             int    // decoder slots; 0: the decoder's /props (1 when launched)
+	Queue             int    // requests waiting for a slot before 503
+	SlotDir           string // default <StateDir>/slots
 
 	Provider        string   // prefill provider executable; "" = plain route
 	ProviderArgs    []string // extra provider arguments

@@ -97,6 +97,7 @@ func (d *Daemon) startPrefill(ctx context.Context, slots int) error {
 	d.log.Info("launching the prefill server", "bin", o.PrefillBin, "args", strings.Join(args, " "), "provider", prov)
 	l, err := launcher.Start(ctx, launcher.Config{
 		Bin: o.PrefillBin, Args: args, Model: o.Model, SlotDir: o.SlotDir, Slots: slots,
+		APIKey: true, UnixSocket: true, RunDir: filepath.Join(o.StateDir, "run", "prefill"),
 		Sink: renameSink{d.events}, Logger: d.log.With("server", "prefill"),
 	})
 	if err != nil {
@@ -109,6 +110,7 @@ func (d *Daemon) startPrefill(ctx context.Context, slots int) error {
 		}
 	})
 	o.Provider = prov
-	o.ProviderArgs = append([]string{"--prefill-url", l.URL(), "--slots", strconv.Itoa(slots)}, o.ProviderArgs...)
+	o.ProviderArgs = append([]string{"--prefill-url", l.URL(), "--prefill-api-key-file", l.KeyFile(),
+		"--slots", strconv.Itoa(slots)}, o.ProviderArgs...)
 	return nil
 }

@@ -65,16 +65,17 @@ func TestPrefillServer(t *testing.T) {
 		a := complete(t, s.d.URL(), testPrompt)
 		return a.route == "file" && a.content == want.content && a.promptN == 1
 	})
-	evs := readLog(t, s.d)
+	const wantLife = "provider.starting,provider.ready,provider.exited,provider.starting,provider.ready"
 	var lifecycle []string
-	for _, e := range evs {
-		if strings.HasPrefix(e.Event, "provider.") {
-			lifecycle = append(lifecycle, e.Event)
+	obtest.WaitFor(t, 10*time.Second, "the prefill server's lifecycle events", func() bool {
+		lifecycle = lifecycle[:0]
+		for _, e := range readLog(t, s.d) {
+			if strings.HasPrefix(e.Event, "provider.") {
+				lifecycle = append(lifecycle, e.Event)
+			}
 		}
-	}
-	if strings.Join(lifecycle, ",") != "provider.starting,provider.ready,provider.exited,provider.starting,provider.ready" {
-		t.Fatalf("prefill server lifecycle %v", lifecycle)
-	}
+		return strings.Join(lifecycle, ",") == wantLife
+	})
 }
 
 // runDaemon runs a daemon built from o until the test ends.

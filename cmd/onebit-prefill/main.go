@@ -33,6 +33,7 @@ func run(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("onebit-prefill", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.PrefillURL, "prefill-url", "", "base URL of the prefill llama-server (required)")
+	fs.StringVar(&cfg.APIKeyFile, "prefill-api-key-file", "", "file holding the prefill server's API key (its --api-key-file)")
 	fs.IntVar(&cfg.Slot, "slot", 0, "slot of the prefill server to evaluate the prompt in")
 	fs.IntVar(&cfg.Slots, "slots", 0, "use any free slot of 0..N-1 of the prefill server instead of --slot (concurrent runs)")
 	fs.DurationVar(&cfg.Timeout, "timeout", prefill.DefaultTimeout, "time limit of the whole run")

@@ -27,6 +27,7 @@ func serveFlags(fs *flag.FlagSet, o *daemon.Options, logFormat, logLevel *string
 	fs.StringVar(&o.Listen, "listen", daemon.DefaultListen, "HTTP listen address")
 	fs.StringVar(&o.DecoderURL, "decoder-url", "", "URL of a running llama-server (the decoder)")
 	fs.StringVar(&o.DecoderBin, "decoder-bin", "", "llama-server binary to launch and supervise (args after --)")
+	fs.StringVar(&o.DecoderAPIKeyFile, "decoder-api-key-file", "", "API key of a decoder attached by --decoder-url (its --api-key-file); a launched decoder gets a per-boot key")
 	fs.StringVar(&o.Model, "model", "", "model GGUF path (passed to the provider and a launched decoder)")
 	fs.IntVar(&o.Slots, "slots", 0, "decoder slots (llama-server -np); 0 = ask the decoder's /props (1 with --decoder-bin)")
 	fs.IntVar(&o.Queue, "queue", daemon.DefaultQueue, "requests that may wait for a slot before 503")

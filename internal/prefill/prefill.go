@@ -73,7 +73,8 @@ const (
 
 // Config is one run of onebit-prefill.
 type Config struct {
-	PrefillURL string        // --prefill-url: the prefill llama-server
+	PrefillURL string        // --prefill-url: the prefill llama-server (http://host:port or unix:///path.sock)
+	APIKeyFile string        // --prefill-api-key-file: its API key (llama-server --api-key-file)
 	Slot       int           // --slot: the prefill server's slot to use
 	Slots      int           // --slots: use any free one of slots 0..Slots-1 instead (0: only Slot)
 	Timeout    time.Duration // --timeout: the whole run (0: DefaultTimeout)
@@ -124,8 +125,8 @@ func (c *Config) check() error {
 		return bad("--timeout %s is negative", c.Timeout)
 	}
 	u, err := url.Parse(c.PrefillURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return bad("--prefill-url %q: want http://host:port", c.PrefillURL)
+	if err != nil || !((u.Scheme == "http" || u.Scheme == "https") && u.Host != "" || u.Scheme == "unix" && u.Host == "" && u.Path != "") {
+		return bad("--prefill-url %q: want http://host:port or unix:///path/to.sock", c.PrefillURL)
 	}
 	c.PrefillURL = strings.TrimRight(c.PrefillURL, "/")
 	if !decoder.ValidFilename(filepath.Base(c.StatePath)) || strings.HasSuffix(c.StatePath, "/") {
@@ -156,7 +157,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return res, err
 	}
 	res.NTokens = len(toks)
-	c, err := decoder.NewFor("prefill server", cfg.PrefillURL, cfg.HTTP)
+	var opts []decoder.Option
+	if cfg.APIKeyFile != "" {
+		opts = append(opts, decoder.WithAPIKeyFile(cfg.APIKeyFile))
+	}
+	c, err := decoder.NewFor("prefill server", cfg.PrefillURL, cfg.HTTP, opts...)
 	if err != nil {
 		return res, fmt.Errorf("%w: %w", ErrUsage, err)
 	}
