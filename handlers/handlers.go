@@ -1,6 +1,16 @@
 // Package handlers is onebitd's HTTP front: the completion entry points,
 // which run each request through its state machine and then forward it to
-// the decoder, and a verbatim reverse proxy for every other path.
+// the decoder, and a verbatim reverse proxy for every other path, except
+// the decoder's slot API (/slots: 403 permission_error unless
+// Config.ExposeSlotsAPI), which belongs to onebitd.
+//
+// Every request, in order (Server.ServeHTTP): its path is made canonical
+// (percent-decoded, cleaned; that is the path routed and forwarded); with
+// Config.APIKeys, a key is required (401 authentication_error) except on
+// /health, /v1/health and CORS preflights; /slots is refused; the body gets
+// Config.BodyTimeout (408). A completion's body is refused 413 from its
+// Content-Length before it is read. Every error is in llama-server's shape
+// {"error":{"code":N,"message":"…","type":"…"}}. docs/security.md says why.
 package handlers
 
 import (

@@ -217,7 +217,8 @@ func TestProxyVerbatim(t *testing.T) {
 // every request that reached a slot ends in done or failed.
 func FuzzCompletionBody(f *testing.F) {
 	for _, s := range []string{`{"prompt":" the cache","n_predict":2}`, `{"prompt":[1,1003],"n_predict":1}`,
-		`{"messages":[{"role":"user","content":"hi"}],"max_tokens":1}`, `{`, `null`, `{"prompt":null}`, `{"prompt":[["x"]]}`} {
+		`{"messages":[{"role":"user","content":"hi"}],"max_tokens":1}`, `{`, `null`, `{"prompt":null}`, `{"prompt":[["x"]]}`,
+		`{"prompt":[1,-1],"n_predict":1}`, `{"prompt":[1,4294968296],"n_predict":1}`, `{"prompt":[1,1e3]}`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, body string) {
