@@ -162,6 +162,8 @@ type Config struct {
 	// here: the probe removes ProbeFile from it at the end.
 	SlotDir string
 	HTTP    *http.Client // nil: a default client
+	// APIKeyFile holds the decoder's API key (its --api-key-file).
+	APIKeyFile string
 }
 
 // Run probes the decoder. It returns an error only for a bad Config; every
@@ -176,7 +178,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.HTTP == nil {
 		cfg.HTTP = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	}
-	dc, err := decoder.New(cfg.DecoderURL, cfg.HTTP)
+	var opts []decoder.Option
+	if cfg.APIKeyFile != "" {
+		opts = append(opts, decoder.WithAPIKeyFile(cfg.APIKeyFile))
+	}
+	dc, err := decoder.New(cfg.DecoderURL, cfg.HTTP, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
@@ -359,7 +365,7 @@ func (p *prober) post(ctx context.Context, op, path string, in, out any) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := p.cfg.HTTP.Do(req)
+	resp, err := p.dc.HTTP().Do(req)
 	if err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}

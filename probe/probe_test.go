@@ -245,3 +245,40 @@ func TestConfigRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestProbeKeyedDecoder: a decoder behind an API key (llama-server
+// --api-key-file, here drawn by the launcher) is probed with the key file;
+// without it the probe is not conformant (llama-server's 401).
+func TestProbeKeyedDecoder(t *testing.T) {
+	dir := t.TempDir()
+	model := filepath.Join(dir, "model.gguf")
+	if err := os.WriteFile(model, []byte("probe test model"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	slotDir := filepath.Join(dir, "slots")
+	if err := os.Mkdir(slotDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	d, err := launcher.Start(context.Background(), launcher.Config{
+		Bin: simBin, Model: model, SlotDir: slotDir, Slots: 2, StallTimeout: 20 * time.Second,
+		APIKey: true, UnixSocket: true, RunDir: filepath.Join(dir, "run"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Stop() })
+	rep, err := Run(context.Background(), Config{DecoderURL: d.URL(), SlotDir: slotDir, APIKeyFile: d.KeyFile(), Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK {
+		t.Fatalf("with the key: %+v", rep)
+	}
+	rep, err = Run(context.Background(), Config{DecoderURL: d.URL(), SlotDir: slotDir, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.OK {
+		t.Fatal("conformant without the key: the decoder is not protected")
+	}
+}

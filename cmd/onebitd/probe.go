@@ -32,6 +32,7 @@ func probeRun(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		timeout time.Duration
 	)
 	fs.StringVar(&cfg.DecoderURL, "decoder-url", "", "base URL of the decoder to probe (required)")
+	fs.StringVar(&cfg.APIKeyFile, "decoder-api-key-file", "", "the decoder's API key file (its --api-key-file)")
 	fs.IntVar(&cfg.Slot, "slot", 0, "slot to probe (it is erased at the end; use an idle one)")
 	fs.StringVar(&cfg.SlotDir, "slot-dir", "", "the decoder's --slot-save-path, if local: remove "+probe.ProbeFile+" from it afterwards")
 	fs.DurationVar(&timeout, "timeout", 30*time.Second, "limit per request and per socket wait")
