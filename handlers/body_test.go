@@ -2,6 +2,8 @@ package handlers
 
 import (
 	"bufio"
+	"bytes"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -68,8 +70,23 @@ func TestBodyTimeout(t *testing.T) {
 // served whole (a read deadline left on the connection would cancel it as
 // a client gone).
 func TestBodyTimeoutEndsWithBody(t *testing.T) {
-	dec := sim(t, func(c *decodersim.Config) { c.TokenDelay = 20 * time.Millisecond })
 	const deadline = 100 * time.Millisecond
+	// A decoder slow to answer a request marked X-Test-Slow (it has read
+	// the whole body first).
+	slow := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("X-Test-Slow") != "" {
+				body, _ := io.ReadAll(r.Body)
+				r.Body = io.NopCloser(bytes.NewReader(body))
+				select {
+				case <-time.After(4 * deadline): // the decoder's slowness, not a synchronisation
+				case <-r.Context().Done():
+				}
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+	dec, _ := simWrap(t, func(c *decodersim.Config) { c.TokenDelay = 20 * time.Millisecond }, slow)
 	f := newFront(t, dec.URL, func(c *Config) { c.BodyTimeout = deadline })
 	start := time.Now()
 	resp, err := http.Post(f.url+"/completion", "application/json",
@@ -92,8 +109,13 @@ func TestBodyTimeoutEndsWithBody(t *testing.T) {
 	if len(evs) != 2 || evs[1].To != "done" {
 		t.Fatalf("events %+v", evs)
 	}
+	// Nor a proxied request whose answer comes after the deadline.
+	res := raw(t, f.url, "POST /tokenize HTTP/1.1\r\nHost: x\r\nX-Test-Slow: 1\r\nContent-Length: 17\r\nConnection: close\r\n\r\n{\"content\":\"the\"}", 5*time.Second)
+	if res.status != 200 || !strings.Contains(string(res.body), `"tokens"`) || res.elapsed < 3*deadline {
+		t.Fatalf("slow proxied answer: %d %v %s after %v", res.status, res.err, res.body, res.elapsed)
+	}
 	// And a proxied GET (no body at all) is not cut either.
-	res := raw(t, f.url, "GET /props HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 5*time.Second)
+	res = raw(t, f.url, "GET /props HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 5*time.Second)
 	if res.status != 200 {
 		t.Fatalf("GET /props: %d %v", res.status, res.err)
 	}

@@ -88,21 +88,29 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.BodyTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
 		rc := http.NewResponseController(w)
 		deadline := time.Now().Add(s.cfg.BodyTimeout)
-		if rc.SetReadDeadline(deadline) == nil {
+		if err := rc.SetReadDeadline(deadline); err == nil {
 			b := &deadlineBody{ReadCloser: r.Body, rc: rc, deadline: deadline}
 			r.Body = b
 			// The proxy hands its error handler a copy of the request
 			// with the body wrapped: the context still finds b.
 			r = r.WithContext(context.WithValue(r.Context(), deadlineBodyKey{}, b))
+		} else {
+			// A wrapping ResponseWriter without Unwrap hides the
+			// connection: say so once rather than run without a deadline
+			// unnoticed.
+			s.noDeadline.Do(func() {
+				s.log.Warn("the body deadline cannot be set on this connection: a ResponseWriter wrapper without Unwrap?", "error", err)
+			})
 		}
 	}
 	s.mux.ServeHTTP(w, r)
 }
 
-// deadlineBody is a request body read under the body deadline: the read
-// deadline set on the connection is cleared when the body is read to its
-// end (a deadline left in place would cut the connection's background read
-// during a long answer, which net/http reports as a client gone), and a
+// deadlineBody is a request body read under the body deadline. The
+// deadline must not outlive the body: for HTTP/1, net/http clears the read
+// deadline itself when it starts the connection's background read after
+// the body's end; the EOF here clears it too, whoever reads the body, so
+// that a long answer is never cut by it (TestBodyTimeoutEndsWithBody). A
 // body that was still incomplete at the deadline makes the answer 408.
 type deadlineBody struct {
 	io.ReadCloser

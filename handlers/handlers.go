@@ -27,6 +27,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/onebitd/onebitd/decoder"
@@ -96,6 +97,8 @@ type Server struct {
 	proxy *httputil.ReverseProxy
 	mux   *http.ServeMux
 	log   *slog.Logger
+
+	noDeadline sync.Once // warned that the body deadline cannot be set
 }
 
 // New builds the front.
