@@ -175,6 +175,7 @@ type Bus struct {
 	catchUpKick chan struct{}
 	liveBoot    atomic.Value  // string: boot of the last event handed to nats.go
 	liveSeq     atomic.Uint64 // its seq
+	resumeAt    int64         // log offset where the next catch-up pass starts (catch-up goroutine only)
 
 	boMu sync.Mutex
 	bo   *backoff.ExponentialBackOff

@@ -348,7 +348,8 @@ func (b *Bus) flushAcks() {
 	}
 }
 
-// catchUpPass reads the event log and republishes, in log order, every
+// catchUpPass reads the event log (from where the last pass found the
+// first event not held yet) and republishes, in log order, every
 // event of this node that the stream does not hold, except those of the
 // live boot that the publisher has not handed to nats.go yet (they are on
 // their way). The window of unacknowledged catch-up publishes is bounded
@@ -363,13 +364,26 @@ func (b *Bus) catchUpPass() (int, error) {
 		return 0, fmt.Errorf("bus: catch-up: %w", err)
 	}
 	defer f.Close()
+	// Resume where the last pass met the first event the stream did not
+	// hold yet: everything before it is held. A shorter file is another
+	// log: read it all.
+	base := b.resumeAt
+	if fi, err := f.Stat(); err != nil || fi.Size() < base {
+		base = 0
+	}
+	if _, err := f.Seek(base, io.SeekStart); err != nil {
+		return 0, fmt.Errorf("bus: catch-up: %w", err)
+	}
+	full := base == 0
 	liveBoot, _ := b.liveBoot.Load().(string)
 	liveSeq := b.liveSeq.Load()
 	r := eventlog.NewReader(f, b.cfg.EventLog)
 	next := map[string]uint64{} // per boot: the seq expected next in the log
+	firstPending := int64(-1)
 	n := 0
 	var buf []byte
 	for {
+		lineStart := base + r.Offset()
 		e, err := r.Next()
 		if errors.Is(err, io.EOF) {
 			break
@@ -381,15 +395,25 @@ func (b *Bus) catchUpPass() (int, error) {
 			continue // log-local lines (loss markers), another node's events
 		}
 		exp, seen := next[e.Boot]
-		if !seen {
+		switch {
+		case seen:
+		case full:
 			exp = 1
+		default:
+			exp = e.Seq // resumed: what came before is held
 		}
 		if e.Seq > exp {
 			b.acks.addRange(e.Boot, exp, e.Seq-1) // not in the log: lost for good
 		}
 		next[e.Boot] = e.Seq + 1
-		if b.acks.has(e.Boot, e.Seq) || (e.Boot == liveBoot && e.Seq > liveSeq) {
+		if b.acks.has(e.Boot, e.Seq) {
 			continue
+		}
+		if firstPending < 0 {
+			firstPending = lineStart
+		}
+		if e.Boot == liveBoot && e.Seq > liveSeq {
+			continue // on its way through the publisher
 		}
 		if err := b.waitWindow(); err != nil {
 			return n, err
@@ -402,6 +426,16 @@ func (b *Bus) catchUpPass() (int, error) {
 			return n, fmt.Errorf("bus: catch-up publish: %w", err)
 		}
 		n++
+	}
+	if firstPending < 0 {
+		firstPending = base + r.Offset()
+		if t := r.Torn(); t.Bytes > 0 {
+			firstPending = base + t.Offset // a line still being written
+		}
+	}
+	b.resumeAt = firstPending
+	if !full {
+		return n, nil
 	}
 	keep := map[string]bool{}
 	for boot := range next {

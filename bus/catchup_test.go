@@ -270,3 +270,57 @@ func TestCatchUpAfterOutage(t *testing.T) {
 	}
 	t.Logf("stats %+v", b.Stats())
 }
+
+// TestCatchUpResumes: a pass starts where the last one found the first
+// event the stream did not hold, so a long log is not read again and again;
+// a line being written at the end is picked up once complete.
+func TestCatchUpResumes(t *testing.T) {
+	state := t.TempDir()
+	logPath := filepath.Join(state, "events.jsonl")
+	b := openBus(t, Config{Listen: ListenOff, JetStream: true, StoreDir: t.TempDir(), StateDir: state,
+		EventLog: logPath, noCatchUp: true})
+	line := func(i int) []byte { return append(testEvent("node-a", "boot1", i).AppendJSON(nil), '\n') }
+	var log []byte
+	for i := range 100 {
+		log = append(log, line(i)...)
+	}
+	partial := line(100)
+	log = append(log, partial[:20]...) // the writer is mid-line
+	if err := os.WriteFile(logPath, log, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pass := func(want int, held uint64) {
+		t.Helper()
+		before := b.Stats().Republished
+		n, err := b.catchUpPass()
+		if err != nil || n != want {
+			t.Fatalf("catchUpPass = %d, %v; want %d", n, err, want)
+		}
+		obtest.WaitFor(t, 10*time.Second, "acks", func() bool { return b.Stats().Republished-before == uint64(want) })
+		if !b.acks.has("boot1", held) || b.acks.has("boot1", held+1) {
+			t.Fatalf("after the pass: seq %d held %v, seq %d held %v", held, b.acks.has("boot1", held), held+1, b.acks.has("boot1", held+1))
+		}
+	}
+	pass(100, 100)
+	if b.resumeAt != 0 {
+		t.Fatalf("resume at %d after republishing from line 1, want 0", b.resumeAt)
+	}
+	pass(0, 100) // everything acknowledged now: nothing to do
+	// Everything up to the partial line is held: the next pass starts at
+	// that line. Spoil what comes before it; a pass that read it would fail.
+	if b.resumeAt != int64(len(log)-20) {
+		t.Fatalf("resume at %d, want %d (the partial line)", b.resumeAt, len(log)-20)
+	}
+	f, err := os.OpenFile(logPath, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("garbage"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(partial[20:], int64(len(log))); err != nil { // the line completes
+		t.Fatal(err)
+	}
+	f.Close()
+	pass(1, 101)
+}
