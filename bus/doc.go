@@ -76,7 +76,8 @@
 // and on Close. A catch-up pass runs at start (the last boot's tail after a
 // crash), after a reconnect, after drops and after unacknowledged publishes
 // (1 s after the kick, so a burst coalesces): it reads the log with
-// eventlog's Reader and republishes, in log order, every event of this node
+// eventlog's Reader, from the first line the last pass found not held (the
+// whole log at start), and republishes, in log order, every event of this node
 // the record does not hold, except the live boot's events the publisher has
 // not handed to nats.go yet. Its unacknowledged publishes are bounded to a
 // quarter of the async window, so live events keep flowing. A seq the log
