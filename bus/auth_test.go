@@ -105,6 +105,19 @@ func TestReaderCannotForge(t *testing.T) {
 			t.Errorf("%s: no permissions violation reported", a.name)
 		}
 	}
+	// Nor can it have the server replay genuine events onto onebit.> as
+	// new ones, through a push consumer delivering there: JetStream refuses
+	// a deliver subject the stream itself captures (a cycle).
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_, err = js.CreateOrUpdatePushConsumer(ctx, StreamName, jetstream.ConsumerConfig{
+		DeliverSubject: "onebit.node-a.handoff.fallback", AckPolicy: jetstream.AckNonePolicy,
+	})
+	cancel()
+	if err == nil {
+		t.Fatal("a reader made a push consumer deliver onto onebit.>")
+	}
+	t.Logf("push consumer onto onebit.>: %v", err)
+
 	// What a reader can still cause (docs/security.md): nats-server does not
 	// check reply subjects against permissions, so a JetStream API request
 	// with reply "onebit.…" makes the server publish its API response there.
