@@ -94,12 +94,12 @@ type frame struct {
 }
 
 type nodeStats struct {
-	Events   uint64 `json:"events"`
-	Gaps     uint64 `json:"gaps"` // events missing between seqs of one boot
-	Boots    int    `json:"boots"`
-	Last     string `json:"last"` // time of the last event
-	Decoder  string `json:"decoder,omitempty"`
-	Provider string `json:"provider,omitempty"`
+	Events   uint64    `json:"events"`
+	Gaps     uint64    `json:"gaps"` // events missing between seqs of one boot
+	Boots    int       `json:"boots"`
+	Last     time.Time `json:"last"` // time of the last event
+	Decoder  string    `json:"decoder,omitempty"`
+	Provider string    `json:"provider,omitempty"`
 
 	lastBoot string
 	lastSeq  uint64
@@ -252,7 +252,7 @@ func (h *Hub) noteNode(e *event.Event) {
 		h.nodes[e.Node] = ns
 	}
 	ns.Events++
-	ns.Last = e.Time.UTC().Format(time.RFC3339Nano)
+	ns.Last = e.Time
 	if e.Boot != ns.lastBoot {
 		ns.Boots++
 		ns.lastBoot = e.Boot

@@ -329,3 +329,56 @@ func FuzzEmitJSON(f *testing.F) {
 		_ = h.snapshotLocked(nil)
 	})
 }
+
+// BenchmarkHubEmit is one event into a hub with two live clients (the cost
+// `onebitd serve` pays per transition with the dashboard on).
+func BenchmarkHubEmit(b *testing.B) {
+	h := NewHub(Config{ClientBuffer: 1 << 20})
+	for range 2 {
+		h.clients[&client{ch: make(chan []byte, 1<<20), kick: make(chan struct{}, 1)}] = struct{}{}
+	}
+	e := event.Event{Node: "n", Boot: "b", Route: "shared", Event: "adopt", From: "prefilled", To: "adopted", ElapsedUS: 4500, NTokens: 512}
+	ids := make([]string, 1024)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("r%016x", i)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		e.RequestID = ids[i%len(ids)]
+		i++
+		h.Emit(&e)
+		if i%(1<<19) == 0 {
+			for c := range h.clients {
+				for len(c.ch) > 0 {
+					<-c.ch
+				}
+			}
+		}
+	}
+}
+
+func FuzzLastEventID(f *testing.F) {
+	f.Add("abc-1")
+	f.Add("-")
+	f.Add("x-18446744073709551615")
+	f.Fuzz(func(t *testing.T, id string) {
+		h := NewHub(Config{History: 4})
+		for _, l := range logEvents(t)[:6] {
+			if err := h.EmitJSON(l); err != nil {
+				t.Fatal(err)
+			}
+		}
+		epoch, seq, ok := parseLastEventID(id)
+		if !ok {
+			return
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		frames, resumed := h.framesSinceLocked(seq)
+		if resumed && uint64(len(frames)) != h.seq-seq {
+			t.Fatalf("resume after %d of %d: %d frames", seq, h.seq, len(frames))
+		}
+		_ = epoch
+	})
+}
