@@ -7,10 +7,8 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 
 	"github.com/onebitd/onebitd/bus"
 	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/internal/browsertest"
 	"github.com/onebitd/onebitd/internal/obtest"
 	"github.com/onebitd/onebitd/machine"
 )
@@ -28,126 +27,6 @@ var (
 	docsShot     = flag.Bool("docs-screenshot", false, "write the mixed run's screenshot to ../docs/dashboard.png")
 	loadDuration = flag.Duration("load-duration", 10*time.Second, "how long TestBrowserBoundedUnderLoad sends 500 events/s (the issue's bar: 1m)")
 )
-
-// chromium finds a Chromium or Chrome binary; the browser tests skip
-// without one (.ci/run installs Debian's chromium).
-func chromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "headless-shell"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	t.Skip("no chromium binary on PATH (apt-get install -y chromium): browser tests skipped")
-	return ""
-}
-
-// browserPage is one headless tab with its console collected.
-type browserPage struct {
-	t   *testing.T
-	ctx context.Context
-	dir string
-
-	mu   sync.Mutex
-	errs []string
-}
-
-func openPage(t *testing.T, url string) *browserPage {
-	t.Helper()
-	bin := chromium(t)
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(bin),
-		chromedp.NoSandbox,
-		chromedp.Headless,
-		chromedp.DisableGPU,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("no-first-run", true),
-		chromedp.Flag("js-flags", "--expose-gc"),
-		chromedp.Flag("enable-precise-memory-info", true),
-		chromedp.WindowSize(1400, 1100),
-	)
-	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancel := chromedp.NewContext(actx)
-	t.Cleanup(func() { cancel(); acancel() })
-	p := &browserPage{t: t, ctx: ctx, dir: t.TempDir()}
-	// The first Run starts the browser; the console is read from then on.
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("start chromium: %v", err)
-	}
-	msgs := chromedp.Console(ctx)
-	go func() {
-		for m, err := range msgs {
-			if err != nil {
-				return
-			}
-			if m.Type == chromedp.ConsoleError || m.Type == chromedp.ConsoleException {
-				p.mu.Lock()
-				p.errs = append(p.errs, fmt.Sprintf("%s %s:%d %s", m.Type, m.URL, m.Line+1, m.Text))
-				p.mu.Unlock()
-			}
-		}
-	}()
-	p.do(chromedp.Navigate(url), chromedp.WaitVisible(chromedp.CSS("#conn.on")))
-	return p
-}
-
-// do runs actions, bounded by 20s.
-func (p *browserPage) do(actions ...chromedp.Action[chromedp.Void]) {
-	p.t.Helper()
-	ctx, cancel := context.WithTimeout(p.ctx, 20*time.Second)
-	defer cancel()
-	if err := chromedp.Do(ctx, actions...); err != nil {
-		p.shot("failure")
-		p.t.Fatal(err)
-	}
-}
-
-func (p *browserPage) text(sel string) string {
-	p.t.Helper()
-	ctx, cancel := context.WithTimeout(p.ctx, 20*time.Second)
-	defer cancel()
-	s, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(sel)))
-	if err != nil {
-		p.t.Fatalf("text of %s: %v", sel, err)
-	}
-	return s
-}
-
-func (p *browserPage) eval(js string) float64 {
-	p.t.Helper()
-	ctx, cancel := context.WithTimeout(p.ctx, 20*time.Second)
-	defer cancel()
-	v, err := chromedp.Run(ctx, chromedp.Evaluate[float64](js))
-	if err != nil {
-		p.t.Fatalf("eval %s: %v", js, err)
-	}
-	return v
-}
-
-// shot saves a full-page PNG in the test's temp dir and returns its path.
-func (p *browserPage) shot(name string) string {
-	ctx, cancel := context.WithTimeout(p.ctx, 20*time.Second)
-	defer cancel()
-	b, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
-	if err != nil {
-		p.t.Logf("screenshot: %v", err)
-		return ""
-	}
-	path := filepath.Join(p.dir, name+".png")
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		p.t.Logf("screenshot: %v", err)
-	}
-	p.t.Logf("screenshot %s", path)
-	return path
-}
-
-func (p *browserPage) consoleErrors() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]string(nil), p.errs...)
-}
 
 // newServer serves a hub on a real listener.
 func newServer(t *testing.T, cfg Config) (*Hub, string) {
@@ -170,54 +49,50 @@ func feedLog(t *testing.T, h *Hub) {
 func TestBrowserPageLoadsClean(t *testing.T) {
 	h, url := newServer(t, Config{})
 	feedLog(t, h)
-	p := openPage(t, url+"/ui/")
-	p.do(chromedp.WaitVisible(chromedp.CSS(`tr[data-request="req-plain"]`)),
+	p := browsertest.Open(t, url+"/ui/", "#conn.on")
+	p.Do(chromedp.WaitVisible(chromedp.CSS(`tr[data-request="req-plain"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#routes tbody tr`)))
-	p.shot("loaded")
-	if errs := p.consoleErrors(); len(errs) > 0 {
-		t.Fatalf("console errors:\n%s", strings.Join(errs, "\n"))
-	}
-	if got := p.text(`#nodes tbody`); !strings.Contains(got, "node-a") {
+	p.Shot("loaded")
+	p.NoConsoleErrors()
+	if got := p.Text(`#nodes tbody`); !strings.Contains(got, "node-a") {
 		t.Errorf("nodes table %q lacks node-a", got)
 	}
 }
 
 func TestBrowserLiveRowWithinASecond(t *testing.T) {
 	h, url := newServer(t, Config{})
-	p := openPage(t, url+"/ui/")
+	p := browsertest.Open(t, url+"/ui/", "#conn.on")
 	rec := event.NewRecorder("node-live", h)
 	m := machine.New("live-1", 0, machine.RoutePlain, rec, slog.New(slog.DiscardHandler))
 	start := time.Now()
 	if err := m.Fire(machine.EvForward, machine.Attrs{}); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(p.ctx, time.Second)
+	ctx, cancel := context.WithTimeout(p.Ctx, time.Second)
 	defer cancel()
 	if err := chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`tr[data-request="live-1"]`))); err != nil {
-		p.shot("late")
+		p.Shot("late")
 		t.Fatalf("no row within a second of the event: %v", err)
 	}
 	t.Logf("row shown %v after the event", time.Since(start))
-	if got := p.text(`tr[data-request="live-1"] td.state`); got != "forwarding" {
+	if got := p.Text(`tr[data-request="live-1"] td.state`); got != "forwarding" {
 		t.Errorf("state %q, want forwarding", got)
 	}
 	// The same row moves on, in place.
 	if err := m.Fire(machine.EvFinish, machine.Attrs{HTTPStatus: 200}); err != nil {
 		t.Fatal(err)
 	}
-	p.do(chromedp.WaitVisible(chromedp.CSS(`tr[data-request="live-1"] td.st-done`)))
-	if n := p.eval(`document.querySelectorAll('tr[data-request="live-1"]').length`); n != 1 {
+	p.Do(chromedp.WaitVisible(chromedp.CSS(`tr[data-request="live-1"] td.st-done`)))
+	if n := p.Eval(`document.querySelectorAll('tr[data-request="live-1"]').length`); n != 1 {
 		t.Errorf("%v rows for one request", n)
 	}
-	p.shot("live")
-	if errs := p.consoleErrors(); len(errs) > 0 {
-		t.Fatalf("console errors:\n%s", strings.Join(errs, "\n"))
-	}
+	p.Shot("live")
+	p.NoConsoleErrors()
 }
 
 func TestBrowserFallbackShowsReasonAndStep(t *testing.T) {
 	h, url := newServer(t, Config{})
-	p := openPage(t, url+"/ui/")
+	p := browsertest.Open(t, url+"/ui/", "#conn.on")
 	rec := event.NewRecorder("node-fb", h)
 	m := machine.New("fb-1", 2, machine.RouteShared, rec, slog.New(slog.DiscardHandler))
 	const reason = "the decoder has no shareable region (501)"
@@ -234,32 +109,30 @@ func TestBrowserFallbackShowsReasonAndStep(t *testing.T) {
 		}
 	}
 	row := `tr[data-request="fb-1"]`
-	p.do(chromedp.WaitVisible(chromedp.CSS(row + ` td.reason`)))
+	p.Do(chromedp.WaitVisible(chromedp.CSS(row + ` td.reason`)))
 	obtest.WaitFor(t, 5*time.Second, "reason and step in the row", func() bool {
-		return p.text(row+` td.reason`) == reason && p.text(row+` td.step`) == "share"
+		return p.Text(row+` td.reason`) == reason && p.Text(row+` td.step`) == "share"
 	})
-	if got := p.text(row + ` td:nth-child(2)`); got != "fallback" {
+	if got := p.Text(row + ` td:nth-child(2)`); got != "fallback" {
 		t.Errorf("route %q, want fallback", got)
 	}
 	obtest.WaitFor(t, 5*time.Second, "the reasons table", func() bool {
-		s := p.text(`#reasons tbody`)
+		s := p.Text(`#reasons tbody`)
 		return strings.Contains(s, reason) && strings.Contains(s, "share")
 	})
-	p.shot("fallback")
-	if errs := p.consoleErrors(); len(errs) > 0 {
-		t.Fatalf("console errors:\n%s", strings.Join(errs, "\n"))
-	}
+	p.Shot("fallback")
+	p.NoConsoleErrors()
 }
 
 func TestBrowserTimelineOpens(t *testing.T) {
 	h, url := newServer(t, Config{})
 	feedLog(t, h)
-	p := openPage(t, url+"/ui/")
-	p.do(chromedp.Click(chromedp.CSS(`a[href="#req=req-adopt-refused"]`)),
+	p := browsertest.Open(t, url+"/ui/", "#conn.on")
+	p.Do(chromedp.Click(chromedp.CSS(`a[href="#req=req-adopt-refused"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#timeline-section`)))
 	var got string
 	obtest.WaitFor(t, 5*time.Second, "the timeline text", func() bool {
-		got = p.text(`#timeline`)
+		got = p.Text(`#timeline`)
 		return strings.HasPrefix(got, "request req-adopt-refused")
 	})
 	// The lines `onebitd replay --request req-adopt-refused` prints
@@ -273,10 +146,8 @@ func TestBrowserTimelineOpens(t *testing.T) {
 			t.Errorf("timeline lacks %q:\n%s", want, got)
 		}
 	}
-	p.shot("timeline")
-	if errs := p.consoleErrors(); len(errs) > 0 {
-		t.Fatalf("console errors:\n%s", strings.Join(errs, "\n"))
-	}
+	p.Shot("timeline")
+	p.NoConsoleErrors()
 }
 
 // startNATS runs an embedded server on a random port.
@@ -339,7 +210,7 @@ func TestBrowserTwoNodesOverNATS(t *testing.T) {
 	if _, err := h.Subscribe(nc, ""); err != nil {
 		t.Fatal(err)
 	}
-	p := openPage(t, url+"/ui/")
+	p := browsertest.Open(t, url+"/ui/", "#conn.on")
 	for _, node := range []string{"node-a", "node-b"} {
 		b, err := bus.Open(context.Background(), bus.Config{URLs: ns.ClientURL(), Node: node})
 		if err != nil {
@@ -350,16 +221,14 @@ func TestBrowserTwoNodesOverNATS(t *testing.T) {
 		rec.Emit(&event.Event{Event: "decoder.ready"})
 		runRequests(t, rec, node)
 	}
-	p.do(chromedp.WaitVisible(chromedp.CSS(`div[data-node="node-a"] tr[data-request="node-a-2"]`)),
+	p.Do(chromedp.WaitVisible(chromedp.CSS(`div[data-node="node-a"] tr[data-request="node-a-2"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`div[data-node="node-b"] tr[data-request="node-b-2"]`)))
 	obtest.WaitFor(t, 5*time.Second, "both nodes in the nodes table with their decoders", func() bool {
-		s := p.text(`#nodes tbody`)
+		s := p.Text(`#nodes tbody`)
 		return strings.Contains(s, "node-a") && strings.Contains(s, "node-b") && strings.Count(s, "ready") == 2
 	})
-	p.shot("two-nodes")
-	if errs := p.consoleErrors(); len(errs) > 0 {
-		t.Fatalf("console errors:\n%s", strings.Join(errs, "\n"))
-	}
+	p.Shot("two-nodes")
+	p.NoConsoleErrors()
 }
 
 // TestBrowserBoundedUnderLoad sends 500 events/s (100 requests/s of 5
@@ -370,9 +239,9 @@ func TestBrowserBoundedUnderLoad(t *testing.T) {
 		t.Skip("load test in -short mode")
 	}
 	h, url := newServer(t, Config{})
-	p := openPage(t, url+"/ui/")
+	p := browsertest.Open(t, url+"/ui/", "#conn.on")
 	heap := func() float64 {
-		return p.eval(`(window.gc && window.gc(), performance.memory ? performance.memory.usedJSHeapSize : 0)`)
+		return p.Eval(`(window.gc && window.gc(), performance.memory ? performance.memory.usedJSHeapSize : 0)`)
 	}
 	stop := time.Now().Add(*loadDuration)
 	tick := time.NewTicker(time.Millisecond) // catch up to one request (5 events) per 10ms: 500/s
@@ -404,7 +273,7 @@ func TestBrowserBoundedUnderLoad(t *testing.T) {
 		}
 	}
 	late := heap()
-	rows := p.eval(`document.querySelectorAll('#live tbody tr').length`)
+	rows := p.Eval(`document.querySelectorAll('#live tbody tr').length`)
 	reqs, hist, queued := h.Memory()
 	t.Logf("%d events in %v: page rows %v, JS heap %.1f MB after 2s, %.1f MB at the end; hub: %d requests, %d history frames, %d queued",
 		sent, *loadDuration, rows, early/1e6, late/1e6, reqs, hist, queued)
@@ -417,13 +286,11 @@ func TestBrowserBoundedUnderLoad(t *testing.T) {
 	if late > 64e6 || (early > 0 && late > 3*early+16e6) {
 		t.Errorf("JS heap grew from %.1f MB to %.1f MB", early/1e6, late/1e6)
 	}
-	if n > 600 && !strings.Contains(p.text(`#older`), "older requests summarised") {
-		t.Errorf("old rows not summarised: %q", p.text(`#older`))
+	if n > 600 && !strings.Contains(p.Text(`#older`), "older requests summarised") {
+		t.Errorf("old rows not summarised: %q", p.Text(`#older`))
 	}
-	p.shot("load")
-	if errs := p.consoleErrors(); len(errs) > 0 {
-		t.Fatalf("console errors:\n%s", strings.Join(errs, "\n"))
-	}
+	p.Shot("load")
+	p.NoConsoleErrors()
 }
 
 // TestBrowserMixedRun draws a mixed run of two nodes (every route, several
@@ -431,7 +298,7 @@ func TestBrowserBoundedUnderLoad(t *testing.T) {
 // opens one timeline; with -docs-screenshot it is docs/dashboard.png.
 func TestBrowserMixedRun(t *testing.T) {
 	h, url := newServer(t, Config{})
-	p := openPage(t, url+"/ui/")
+	p := browsertest.Open(t, url+"/ui/", "#conn.on")
 	t0 := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
 	clock := t0
 	recs := map[string]*event.Recorder{}
@@ -496,20 +363,18 @@ func TestBrowserMixedRun(t *testing.T) {
 		}
 	}
 	fb := fmt.Sprintf("r%016x", 0x5eed0000+107*7919) // i=107: a fallback (no shareable region) still forwarding
-	p.do(chromedp.WaitVisible(chromedp.CSS(`tr[data-request="`+fb+`"]`)),
+	p.Do(chromedp.WaitVisible(chromedp.CSS(`tr[data-request="`+fb+`"]`)),
 		chromedp.Click(chromedp.CSS(`a[href="#req=`+fb+`"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#timeline-section`)))
-	obtest.WaitFor(t, 5*time.Second, "timeline", func() bool { return strings.HasPrefix(p.text(`#timeline`), "request "+fb) })
-	obtest.WaitFor(t, 5*time.Second, "chart points", func() bool { return p.eval(`document.querySelectorAll('#chart circle').length`) >= 90 })
+	obtest.WaitFor(t, 5*time.Second, "timeline", func() bool { return strings.HasPrefix(p.Text(`#timeline`), "request "+fb) })
+	obtest.WaitFor(t, 5*time.Second, "chart points", func() bool { return p.Eval(`document.querySelectorAll('#chart circle').length`) >= 90 })
 	obtest.WaitFor(t, 5*time.Second, "counts", func() bool {
-		return p.eval(`document.querySelectorAll('#reasons tbody tr').length`) == 3 &&
-			p.eval(`document.querySelectorAll('#routes tbody tr').length`) == 4 &&
-			p.eval(`document.querySelectorAll('#nodes tbody tr').length`) == 2
+		return p.Eval(`document.querySelectorAll('#reasons tbody tr').length`) == 3 &&
+			p.Eval(`document.querySelectorAll('#routes tbody tr').length`) == 4 &&
+			p.Eval(`document.querySelectorAll('#nodes tbody tr').length`) == 2
 	})
-	path := p.shot("mixed")
-	if errs := p.consoleErrors(); len(errs) > 0 {
-		t.Fatalf("console errors:\n%s", strings.Join(errs, "\n"))
-	}
+	path := p.Shot("mixed")
+	p.NoConsoleErrors()
 	if *docsShot && path != "" {
 		b, err := os.ReadFile(path)
 		if err != nil {
