@@ -64,6 +64,9 @@ type Daemon struct {
 	elog     *eventlog.Writer
 	launched *launcher.Decoder
 	prefill  *launcher.Decoder // the prefill server (--prefill-bin)
+	warm     *provider.Warm    // --provider-mode serve
+	nVocab   int
+	keys     []string // client API keys
 	dec      *decoder.Client
 	pool     *slots.Pool
 	handoff  *handoff.Handoff
@@ -128,7 +131,7 @@ func (d *Daemon) Start(ctx context.Context) error {
 	if err := d.openDecoder(ctx); err != nil {
 		return err
 	}
-	if err := d.buildFront(); err != nil {
+	if err := d.buildFront(ctx); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", o.Listen)
@@ -137,7 +140,7 @@ func (d *Daemon) Start(ctx context.Context) error {
 	}
 	d.ln = ln
 	d.srv = &http.Server{
-		Handler:           d.front,
+		Handler:           d.mux(),
 		ReadHeaderTimeout: DefaultReadHeader,
 		IdleTimeout:       DefaultIdle,
 		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
@@ -281,24 +284,73 @@ func (d *Daemon) openDecoder(ctx context.Context) error {
 		return fmt.Errorf("%w: --slots %d but the decoder has %d (llama-server wraps slot ids: refusing)", ErrTooManySlots, slotsWanted, props.TotalSlots)
 	}
 	d.pool = slots.New(slotsWanted, o.Queue)
+	vctx, cancel := context.WithTimeout(ctx, o.DecoderWait)
+	n, err := handlers.DecoderVocab(vctx, dec)
+	cancel()
+	if err == nil {
+		d.nVocab = n
+	} else {
+		d.log.Warn("the decoder does not say its vocabulary size: token ids are not checked before a handoff", attrError, err)
+	}
 	return d.startPrefill(ctx, slotsWanted)
 }
 
-func (d *Daemon) buildFront() error {
+// provider is the handoff's provider: a process per request, or one warm
+// provider launched now and supervised (DESIGN §2c).
+func (d *Daemon) provider(ctx context.Context) (handoff.Provider, error) {
+	o := &d.opts
+	if o.ProviderMode == ProviderModeExec {
+		return handoff.Exec{Runner: &provider.Runner{Path: o.Provider, Args: o.ProviderArgs, Timeout: o.ProviderTimeout, Logger: d.log}}, nil
+	}
+	runDir := filepath.Join(o.StateDir, "run")
+	if err := os.MkdirAll(runDir, 0o700); err != nil {
+		return nil, fmt.Errorf("warm provider: %w", err)
+	}
+	w, err := provider.StartWarm(ctx, provider.WarmConfig{
+		Path: o.Provider, Args: o.ProviderArgs, Socket: filepath.Join(runDir, "provider.sock"),
+		Timeout: o.ProviderTimeout, Sink: d.events, Logger: d.log.With("provider", "warm"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("warm provider: %w", err)
+	}
+	d.warm = w
+	d.closers = append(d.closers, func() {
+		if err := w.Stop(); err != nil {
+			d.log.Warn("warm provider stop", attrError, err)
+		}
+	})
+	return handoff.Warm{W: w}, nil
+}
+
+func (d *Daemon) buildFront(ctx context.Context) error {
 	o := &d.opts
 	hcfg := handlers.Config{
-		Decoder: d.dec,
-		Pool:    d.pool,
-		Sink:    d.events,
-		Logger:  d.log,
-		MaxBody: o.MaxBody,
+		Decoder:        d.dec,
+		Pool:           d.pool,
+		Sink:           d.events,
+		Logger:         d.log,
+		MaxBody:        o.MaxBody,
+		BodyTimeout:    o.BodyTimeout,
+		ExposeSlotsAPI: o.ExposeSlotsAPI,
+		NVocab:         d.nVocab,
+	}
+	if o.APIKeyFile != "" {
+		keys, err := handlers.LoadAPIKeys(o.APIKeyFile)
+		if err != nil {
+			return err
+		}
+		hcfg.APIKeys = keys
+		d.keys = keys
 	}
 	if d.launched != nil {
 		hcfg.Ready = d.launched.Ready
 	}
 	d.route = machine.RoutePlain
 	if o.Provider != "" {
-		prov := &provider.Runner{Path: o.Provider, Args: o.ProviderArgs, Timeout: o.ProviderTimeout, Logger: d.log}
+		prov, err := d.provider(ctx)
+		if err != nil {
+			return err
+		}
 		var peerPID func() int
 		if d.launched != nil {
 			peerPID = d.launched.PID
@@ -307,6 +359,7 @@ func (d *Daemon) buildFront() error {
 			SlotDir:        o.SlotDir,
 			Model:          o.Model,
 			Share:          o.KVShare,
+			Slots:          d.pool.Size(),
 			AcceptTimeout:  o.AcceptTimeout,
 			ShareTimeout:   o.ShareTimeout,
 			ApplyTimeout:   o.ApplyTimeout,
@@ -314,6 +367,10 @@ func (d *Daemon) buildFront() error {
 			PeerUID:        os.Getuid(),
 			PeerPID:        peerPID,
 		}, d.dec, prov, d.log)
+		if err := d.handoff.Listen(); err != nil { // the per-slot share sockets
+			return fmt.Errorf("share sockets: %w", err)
+		}
+		d.closers = append(d.closers, func() { d.handoff.Close() })
 		hcfg.Handoff = d.handoff
 		d.route = d.handoff.Route()
 	}
@@ -395,9 +452,16 @@ func (d *Daemon) openEvents(ctx context.Context) error {
 			}
 		})
 	}
+	logPath := o.EventLog
+	if logPath == EventLogOff {
+		logPath = ""
+	}
 	b, err := bus.Open(ctx, bus.Config{
 		URLs: o.NATSURL, Listen: o.NATSListen, JetStream: o.JetStream,
-		StoreDir: filepath.Join(o.StateDir, "jetstream"), Node: o.Node, Logger: log,
+		StoreDir: filepath.Join(o.StateDir, "jetstream"), StateDir: o.StateDir,
+		CredsFile: o.NATSCreds, NKeyFile: o.NATSNKey, TLSCA: o.NATSTLSCA,
+		StreamReplicas: o.StreamReplicas, StreamMaxAge: o.StreamMaxAge, StreamMaxBytes: o.StreamMaxBytes,
+		EventLog: logPath, Node: o.Node, Logger: log,
 	})
 	if err != nil {
 		return fmt.Errorf("nats: %w", err)
@@ -409,10 +473,14 @@ func (d *Daemon) openEvents(ctx context.Context) error {
 			log.Warn("nats close", attrError, err)
 		}
 		st := b.Stats() // after Close: the drain's publishes and drops count
-		log.Info("nats bus closed", "published", st.Published, "dropped", st.Dropped)
+		log.Info("nats bus closed", "published", st.Published, "dropped", st.Dropped, "republished", st.Republished)
 	})
 	if u := b.ClientURL(); u != "" {
-		log.Info("events on nats", "url", u, "subjects", "onebit.>", "watch", "onebitd watch --nats-url "+u)
+		watch := "onebitd watch --nats-url " + u
+		if c := b.ReaderCreds(); c != "" {
+			watch += " --nats-creds " + c
+		}
+		log.Info("events on nats", "url", u, "subjects", "onebit.>", "watch", watch)
 	}
 	rec := event.NewRecorder(o.Node, append([]event.Sink{&d.inflight}, sinks...)...)
 	d.rec, d.events = rec, rec

@@ -65,6 +65,7 @@ type stackOpts struct {
 	providerArgs []string
 	drain        time.Duration
 	provTimeout  time.Duration
+	mode         string
 }
 
 func newStack(t *testing.T, so stackOpts) *stack {
@@ -106,6 +107,7 @@ func newStack(t *testing.T, so stackOpts) *stack {
 		o.ProviderArgs = so.providerArgs
 		o.KVShare = so.share
 		o.ProviderTimeout = so.provTimeout
+		o.ProviderMode = so.mode
 	}
 	d, err := New(o, testLogger(t))
 	if err != nil {
@@ -206,17 +208,26 @@ func TestDaemonRoutes(t *testing.T) {
 		t.Fatalf("plain drain: %v", err)
 	}
 	for _, tc := range []struct {
-		name  string
-		share bool
-	}{{"file", false}, {"shared", true}} {
+		name, route string
+		share       bool
+		mode        string
+	}{
+		{"file", "file", false, ProviderModeExec},
+		{"shared", "shared", true, ProviderModeExec},
+		{"file, warm provider", "file", false, ProviderModeServe},
+		{"shared, warm provider", "shared", true, ProviderModeServe},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newStack(t, stackOpts{provider: true, share: tc.share})
-			if s.d.Route() != "file" && !tc.share || s.d.Route() != "shared" && tc.share {
+			s := newStack(t, stackOpts{provider: true, share: tc.share, mode: tc.mode})
+			if string(s.d.Route()) != tc.route {
 				t.Fatalf("route %s", s.d.Route())
 			}
 			got := complete(t, s.d.URL(), testPrompt)
-			if got.status != 200 || got.route != tc.name || got.content != want.content || got.promptN != 1 {
+			if got.status != 200 || got.route != tc.route || got.content != want.content || got.promptN != 1 {
 				t.Fatalf("%s: %+v, want text %q with prompt_n 1", tc.name, got, want.content)
+			}
+			if det := s.d.HealthDetails(); det.InFlight != 0 || det.Route != tc.route || tc.mode == ProviderModeServe && det.Provider != "ok" {
+				t.Fatalf("health details %+v", det)
 			}
 			if err := s.stop(t); err != nil {
 				t.Fatalf("drain: %v", err)
@@ -237,7 +248,7 @@ func TestDaemonRoutes(t *testing.T) {
 				t.Fatalf("last log line %+v, want the shutdown line with in_flight 0", end)
 			}
 			if left, _ := os.ReadDir(s.slotDir); len(left) != 0 {
-				t.Fatalf("slot dir not empty: %v", left)
+				t.Fatalf("slot dir not empty after close: %v", left)
 			}
 		})
 	}

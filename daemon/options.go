@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/onebitd/onebitd/bus"
 	"github.com/onebitd/onebitd/fdpass"
 	"github.com/onebitd/onebitd/handlers"
 	"github.com/onebitd/onebitd/handoff"
@@ -25,17 +26,26 @@ const (
 	DefaultApplyTimeout    = handoff.DefaultApplyTimeout
 	DefaultDecoderWait     = 120 * time.Second
 	DefaultDrainTimeout    = 90 * time.Second
+	DefaultBodyTimeout     = handlers.DefaultBodyTimeout
+	DefaultProviderMode    = ProviderModeExec
 	DefaultMaxBody         = handlers.DefaultMaxBody
 	DefaultReadHeader      = 10 * time.Second
 	DefaultIdle            = 120 * time.Second
 	// EventLogOff and NATSOff turn the event log and the embedded NATS
 	// server's listener off.
 	EventLogOff = "off"
-	NATSOff     = "off"
+	NATSOff     = bus.ListenOff
+)
+
+// Provider modes (--provider-mode): a process per request, or one warm
+// provider fed over a unix socket (DESIGN §2c).
+const (
+	ProviderModeExec  = "exec"
+	ProviderModeServe = "serve"
 )
 
 // DefaultNATSListen is where the embedded NATS server listens.
-const DefaultNATSListen = "127.0.0.1:4222" // TODO(lead): bus.DefaultListen
+const DefaultNATSListen = bus.DefaultListen
 
 // Options is everything `onebitd serve` is told (DESIGN §8). The zero value
 // of a field means its default.
@@ -54,6 +64,7 @@ type Options struct {
 
 	Provider        string   // prefill provider executable; "" = plain route
 	ProviderArgs    []string // extra provider arguments
+	ProviderMode    string   // ProviderModeExec or ProviderModeServe
 	KVShare         bool     // shared route instead of the file route
 	ProviderTimeout time.Duration
 	AcceptTimeout   time.Duration
@@ -72,6 +83,21 @@ type Options struct {
 	Node       string // default: the host name
 
 	MaxBody int64
+
+	// Clients (DESIGN §2d): API keys (--api-key-file), the body deadline,
+	// and the operator's opt-in to the decoder's /slots API.
+	APIKeyFile     string
+	BodyTimeout    time.Duration
+	ExposeSlotsAPI bool
+
+	// NATS beyond the defaults: an external server's identity and CA, and
+	// the JetStream stream's shape.
+	NATSCreds      string
+	NATSNKey       string
+	NATSTLSCA      string
+	StreamReplicas int
+	StreamMaxAge   time.Duration
+	StreamMaxBytes int64
 
 	// PrefillBin launches a second llama-server as the prefill server
 	// (issue 15): onebit-prefill is the provider, on the file route.
@@ -116,6 +142,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxBody == 0 {
 		o.MaxBody = DefaultMaxBody
 	}
+	if o.BodyTimeout == 0 {
+		o.BodyTimeout = DefaultBodyTimeout
+	}
+	if o.ProviderMode == "" {
+		o.ProviderMode = DefaultProviderMode
+	}
 	if o.NATSListen == "" {
 		o.NATSListen = DefaultNATSListen
 	}
@@ -146,6 +178,7 @@ var (
 	ErrNoModel       = errors.New("daemon: --provider needs --model (the provider loads the same model)")
 	ErrSlotDirLong   = errors.New("daemon: --slot-dir is too long for a unix socket path")
 	ErrDrainTooShort = errors.New("daemon: the drain limit must exceed the handoff's limits")
+	ErrProviderMode  = errors.New("daemon: bad --provider-mode")
 )
 
 func (o *Options) check() error {
@@ -157,6 +190,9 @@ func (o *Options) check() error {
 	}
 	if o.Provider != "" && o.Model == "" {
 		return ErrNoModel
+	}
+	if o.ProviderMode != ProviderModeExec && o.ProviderMode != ProviderModeServe {
+		return fmt.Errorf("%w: %q (exec|serve)", ErrProviderMode, o.ProviderMode)
 	}
 	if o.KVShare {
 		if n := len(o.SlotDir) + 1 + handoff.RequestIDLen + len(".sock"); n > fdpass.MaxPathLen() {

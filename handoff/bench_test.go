@@ -53,11 +53,7 @@ func (d *benchDecoder) Restore(context.Context, int, string) (decoder.RestoreRep
 // file is not needed by benchDecoder).
 type benchProvider struct{}
 
-func (benchProvider) RunFile(context.Context, string, string, string) (provider.Result, error) {
-	return provider.Result{}, nil
-}
-
-func (benchProvider) RunShared(context.Context, string, string, string, []*os.File) (provider.Result, error) {
+func (benchProvider) Prefill(context.Context, *Job) (provider.Result, error) {
 	return provider.Result{}, nil
 }
 
@@ -115,6 +111,10 @@ func BenchmarkHandoff(b *testing.B) {
 				}
 				h := NewHandoff(Config{SlotDir: dir, Model: "m.gguf", Share: share, CheckPeerCreds: true, PeerUID: os.Getuid()},
 					&benchDecoder{hdr: hdr, fds: fds}, benchProvider{}, nil)
+				if err := h.Listen(); err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { h.Close() })
 				tokens := make([]int, n)
 				for i := range tokens {
 					tokens[i] = 1000 + i%100

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sync"
 	"time"
 
 	"github.com/onebitd/onebitd/decoder"
@@ -31,22 +32,20 @@ type Decoder interface {
 	Restore(ctx context.Context, slot int, filename string) (decoder.RestoreReply, error)
 }
 
-// Provider runs the prefill provider; *provider.Runner implements it.
+// Provider runs one prefill job: Exec (a process per request) or Warm (one
+// long-running provider fed over a unix socket, DESIGN §2c).
 type Provider interface {
-	RunFile(ctx context.Context, tokens, model, state string) (provider.Result, error)
-	RunShared(ctx context.Context, tokens, model, layout string, files []*os.File) (provider.Result, error)
+	Prefill(ctx context.Context, job *Job) (provider.Result, error)
 }
 
-var (
-	_ Decoder  = (*decoder.Client)(nil)
-	_ Provider = (*provider.Runner)(nil)
-)
+var _ Decoder = (*decoder.Client)(nil)
 
 // Config is the handoff's configuration.
 type Config struct {
 	SlotDir string // where sockets, tokens, layout and state files live
 	Model   string // --model, passed to the provider
 	Share   bool   // shared route (--kv-share) instead of the file route
+	Slots   int    // decoder slots: one share socket each (kvshare-<K>.sock); default 1
 
 	AcceptTimeout  time.Duration // decoder connects and sends the share message
 	ShareTimeout   time.Duration // ?action=share answers
@@ -78,6 +77,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxFDs == 0 {
 		c.MaxFDs = 64
 	}
+	if c.Slots < 1 {
+		c.Slots = 1
+	}
 	return c
 }
 
@@ -92,6 +94,56 @@ type Handoff struct {
 	// flight falls back at once and new runs fall back at their first step.
 	drain     context.Context
 	drainStop context.CancelCauseFunc
+
+	// socks are the shared route's per-slot share sockets, opened by
+	// Listen (at startup) or by the first shared run.
+	sockMu sync.Mutex
+	socks  *slotSockets
+	closed bool
+}
+
+// ErrClosed: the runner was closed (the daemon is stopping).
+var ErrClosed = errors.New("the share sockets are closed: onebitd is shutting down")
+
+// Listen opens the shared route's share sockets, one per slot, in the slot
+// dir (DESIGN §2b); a no-op on the file route. The daemon calls it at
+// startup so that a socket it cannot create is an error there, not a
+// fallback per request.
+func (h *Handoff) Listen() error {
+	_, err := h.sockets()
+	return err
+}
+
+func (h *Handoff) sockets() (*slotSockets, error) {
+	if !h.cfg.Share {
+		return nil, nil
+	}
+	h.sockMu.Lock()
+	defer h.sockMu.Unlock()
+	if h.closed {
+		return nil, ErrClosed
+	}
+	if h.socks == nil {
+		s, err := openSlotSockets(h.cfg.SlotDir, h.cfg.Slots, h.log)
+		if err != nil {
+			return nil, err
+		}
+		h.socks = s
+	}
+	return h.socks, nil
+}
+
+// Close closes the share sockets (and removes them). Runs in flight fall
+// back; later runs fall back at their first step.
+func (h *Handoff) Close() error {
+	h.sockMu.Lock()
+	s := h.socks
+	h.socks, h.closed = nil, true
+	h.sockMu.Unlock()
+	if s != nil {
+		s.close()
+	}
+	return nil
 }
 
 // ErrDraining is the cause of a handoff cut short by Drain.
@@ -150,10 +202,13 @@ func NewRequestID() string {
 const RequestIDLen = 17
 
 // fileExts are the files a handoff has in the slot dir while it runs: the
-// socket, tokens, layout and state files, and a provider's temporary state.
-var fileExts = []string{".sock", ".tokens", ".json", ".bin", ".bin.tmp"}
+// file route's state file and a provider's temporary state. Tokens and
+// layout travel in sealed memfds and the share sockets are per slot, so
+// nothing else of a request touches the slot dir (DESIGN §2b).
+var fileExts = []string{".bin", ".bin.tmp"}
 
-// staleFile matches the names of fileExts for any request id.
+// staleFile matches the files of any request id, including those of
+// earlier versions (a per-request socket, tokens and layout files).
 var staleFile = regexp.MustCompile(`^r[0-9a-f]{16}\.(sock|tokens|json|bin|bin\.tmp)$`)
 
 // CleanStale removes the handoff files a killed onebitd left in dir (and
@@ -183,8 +238,8 @@ type work struct {
 	h     *Handoff
 	m     *machine.Machine
 	stem  string
-	l     *fdpass.Listener
 	msg   *fdpass.Message
+	mem   []*os.File // sealed memfds: tokens and layout
 	clean event.Cleanup
 	done  bool
 }
@@ -200,22 +255,19 @@ func (w *work) release() *event.Cleanup {
 	if w.msg != nil {
 		w.clean.FDsClosed += w.msg.Close()
 	}
-	if w.l != nil {
-		if err := w.l.Close(); err != nil {
-			w.h.log.Error("cannot close the share socket", "path", w.l.Path(), "error", err)
-		}
-		if w.l.Removed() { // not when someone else removed or replaced it
-			w.clean.FilesRemoved++
+	for _, f := range w.mem {
+		if f.Close() == nil {
+			w.clean.FDsClosed++
 		}
 	}
-	// Every file this request may have: ours, and what a provider leaves
-	// beside them (the .tmp of a state file it was killed writing). Named,
-	// not globbed: the slot dir also holds the decoder's saved slots, and
-	// reading it on every request would cost with its size.
+	if w.h.cfg.Share {
+		return &w.clean // the shared route writes no file
+	}
+	// The state file and what a provider leaves beside it (the .tmp of a
+	// state file it was killed writing). Named, not globbed: the slot dir
+	// also holds the decoder's saved slots, and reading it on every request
+	// would cost with its size.
 	for _, ext := range fileExts {
-		if ext == ".sock" {
-			continue // the listener's
-		}
 		p := w.path(ext)
 		if err := os.Remove(p); err == nil {
 			w.clean.FilesRemoved++
@@ -224,6 +276,16 @@ func (w *work) release() *event.Cleanup {
 		}
 	}
 	return &w.clean
+}
+
+// memfd makes a sealed memfd of b, owned (and closed) by the run.
+func (w *work) memfd(name string, b []byte) (*os.File, error) {
+	f, err := sealedMemfd(name, b)
+	if err != nil {
+		return nil, err
+	}
+	w.mem = append(w.mem, f)
+	return f, nil
 }
 
 func (w *work) fire(ev machine.Event, a machine.Attrs) {
@@ -307,12 +369,14 @@ func (w *work) file(ctx context.Context, tokens []int) string {
 	if err := ctx.Err(); err != nil {
 		return w.fallback(machine.StepTokens, err, nil, 0)
 	}
-	tok := w.path(".tokens")
-	if err := provider.WriteTokens(tok, tokens); err != nil {
-		return w.fallback(machine.StepTokens, fmt.Errorf("cannot write the tokens file: %w", err), nil, 0)
+	enc := provider.AppendTokens(make([]byte, 0, 2+6*len(tokens)), tokens)
+	tf, err := w.memfd("tokens", enc)
+	if err != nil {
+		return w.fallback(machine.StepTokens, fmt.Errorf("cannot pass the tokens to the provider: %w", err), nil, 0)
 	}
 	state := w.stem + ".bin"
-	res, err := w.h.prov.RunFile(ctx, tok, w.h.cfg.Model, w.path(".bin"))
+	job := &Job{Route: machine.RouteFile, Tokens: tokens, TokensFile: tf, Model: w.h.cfg.Model, State: w.path(".bin")}
+	res, err := w.h.prov.Prefill(ctx, job)
 	if err != nil {
 		return w.fallback(machine.StepProvider, err, providerExit(res), 0)
 	}
@@ -339,11 +403,15 @@ func (w *work) shared(ctx context.Context, tokens []int) string {
 	if err := ctx.Err(); err != nil {
 		return w.fallback(machine.StepListen, err, nil, 0)
 	}
-	l, err := fdpass.Listen(cfg.SlotDir, w.stem)
+	socks, err := w.h.sockets()
 	if err != nil {
 		return w.fallback(machine.StepListen, err, nil, 0)
 	}
-	w.l = l
+	k := w.m.Slot()
+	if k < 0 || k >= len(socks.ls) {
+		return w.fallback(machine.StepListen, fmt.Errorf("slot %d has no share socket (%d slots)", k, len(socks.ls)), nil, 0)
+	}
+	wt := socks.arm(k)
 	w.fire(machine.EvListen, machine.Attrs{})
 
 	// The receive ends at its deadline, with the run's ctx (client gone,
@@ -352,10 +420,10 @@ func (w *work) shared(ctx context.Context, tokens []int) string {
 	rctx, rstop := context.WithCancel(ctx)
 	defer rstop()
 	rc := make(chan received, 1)
-	go func() { rc <- w.receive(rctx, deadline) }()
+	go func() { rc <- w.receive(rctx, socks, k, wt, deadline) }()
 
 	sctx, cancel := context.WithTimeout(ctx, cfg.ShareTimeout)
-	rep, err := w.h.dec.Share(sctx, w.m.Slot(), l.Path())
+	rep, err := w.h.dec.Share(sctx, k, socks.path(k))
 	cancel()
 	if err == nil && rep.ShareID == nil {
 		err = errNoShareID // adopt would have nothing to name
@@ -388,22 +456,25 @@ func (w *work) shared(ctx context.Context, tokens []int) string {
 	if err := ctx.Err(); err != nil {
 		return w.fallback(machine.StepTokens, err, nil, 0)
 	}
-	tok, layout := w.path(".tokens"), w.path(".json")
-	enc := provider.AppendTokens(make([]byte, 0, 2+6*len(tokens)), tokens) // file and adopt body
-	if err := provider.WriteTokensJSON(tok, enc); err != nil {
-		return w.fallback(machine.StepTokens, fmt.Errorf("cannot write the tokens file: %w", err), nil, 0)
+	enc := provider.AppendTokens(make([]byte, 0, 2+6*len(tokens)), tokens) // tokens memfd and adopt body
+	tf, err := w.memfd("tokens", enc)
+	if err != nil {
+		return w.fallback(machine.StepTokens, fmt.Errorf("cannot pass the tokens to the provider: %w", err), nil, 0)
 	}
-	if err := writeFile0600(layout, r.msg.Raw); err != nil {
-		return w.fallback(machine.StepTokens, fmt.Errorf("cannot write the layout file: %w", err), nil, 0)
+	lf, err := w.memfd("layout", r.msg.Raw)
+	if err != nil {
+		return w.fallback(machine.StepTokens, fmt.Errorf("cannot pass the layout to the provider: %w", err), nil, 0)
 	}
-	res, err := w.h.prov.RunShared(ctx, tok, cfg.Model, layout, r.msg.Files)
+	job := &Job{Route: machine.RouteShared, Tokens: tokens, TokensFile: tf, Model: cfg.Model,
+		Layout: r.msg.Raw, LayoutFile: lf, Regions: r.msg.Files}
+	res, err := w.h.prov.Prefill(ctx, job)
 	if err != nil {
 		return w.fallback(machine.StepProvider, err, providerExit(res), 0)
 	}
 	w.fire(machine.EvPrefill, machine.Attrs{NTokens: len(tokens), ProviderExit: providerExit(res)})
 
 	actx, cancel := context.WithTimeout(ctx, cfg.ApplyTimeout)
-	err = w.h.dec.AdoptJSON(actx, w.m.Slot(), enc, *rep.ShareID)
+	err = w.h.dec.AdoptJSON(actx, k, enc, *rep.ShareID)
 	cancel()
 	if err != nil {
 		err = late(err, actx, ctx, "adopt", cfg.ApplyTimeout)
@@ -418,22 +489,17 @@ var (
 	errNoShareID = errors.New("the decoder's share answer has no share_id")
 )
 
-// receive accepts the decoder's connection, checks who it is and reads the
-// share message, until deadline or until ctx ends (then it closes the
-// listener or the connection to stop at once, and says so). On error no fd
-// is left open.
-func (w *work) receive(ctx context.Context, deadline time.Time) received {
-	stop := context.AfterFunc(ctx, func() { w.l.Close() }) // unblocks Accept
-	conn, err := w.l.Accept(deadline)
-	stop()
+// receive waits for the connection that claims slot k's armed socket,
+// checks who it is and reads the share message, until deadline or until
+// ctx ends (then it closes the connection to stop at once, and says so).
+// On error no fd is left open.
+func (w *work) receive(ctx context.Context, socks *slotSockets, k int, wt *waiter, deadline time.Time) received {
+	conn, err := socks.wait(ctx, k, wt, deadline)
 	if err != nil {
-		if ctx.Err() != nil {
-			return received{err: fmt.Errorf("the share was abandoned before the decoder connected: %w", context.Cause(ctx))}
-		}
 		return received{err: err}
 	}
 	defer conn.Close()
-	stop = context.AfterFunc(ctx, func() { conn.Close() }) // unblocks Receive
+	stop := context.AfterFunc(ctx, func() { conn.Close() }) // unblocks Receive
 	defer stop()
 	if err := w.checkPeer(conn); err != nil {
 		return received{err: err}
@@ -477,16 +543,4 @@ func regionBytes(h *fdpass.Header) int64 {
 		n += r.Size
 	}
 	return n
-}
-
-func writeFile0600(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }

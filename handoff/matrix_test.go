@@ -37,10 +37,17 @@ const nfds = 3
 // these, so that a runner that keeps fewer files there (issue 11: one
 // socket per slot, tokens and layout in memfds) changes them here.
 const (
-	sockFile   = 1 // <stem>.sock, the per-request share socket
-	tokensFile = 1 // <stem>.tokens
-	layoutFile = 1 // <stem>.json, the share header for the provider
+	sockFile   = 0 // the share socket is the slot's (kvshare-<K>.sock), kept
+	tokensFile = 0 // tokens travel in a sealed memfd
+	layoutFile = 0 // so does the share header for the provider
 	stateFile  = 1 // <stem>.bin, or the .bin.tmp of a provider cut short
+)
+
+// The sealed memfds a run closes besides the region fds: tokens and layout
+// on the shared route, tokens on the file route.
+const (
+	sharedMem = 2
+	fileMem   = 1
 )
 
 // noExit: the fallback event carries no provider_exit.
@@ -71,6 +78,7 @@ type fbCase struct {
 	cfg     func(*Config)
 	setup   func(t *testing.T, dir, stem string)
 	cut     string // goneBefore, goneProvider, drainInProv
+	closed  bool   // the runner is closed before Run
 
 	class  string // metrics.Classify of the fallback event
 	step   string
@@ -91,8 +99,8 @@ func fallbackCases() []fbCase {
 	beyond := strings.Replace(string(shareHeader(1)), `"offset":4096`, `"offset":2097152`, 1)
 	return []fbCase{
 		// listen
-		{name: "slot dir writable by others", setup: func(t *testing.T, dir, _ string) { chmod(t, dir, 0o777) },
-			class: metrics.ClassLocalIO, step: machine.StepListen, reason: fdpass.ErrInsecureDir.Error(), exit: noExit},
+		{name: "share sockets closed (onebitd stopping)", closed: true,
+			class: metrics.ClassCancelled, step: machine.StepListen, reason: ErrClosed.Error(), exit: noExit},
 		{name: "client gone before the handoff", cut: goneBefore,
 			class: metrics.ClassCancelled, step: machine.StepListen, reason: clientGone, exit: noExit},
 
@@ -150,59 +158,53 @@ func fallbackCases() []fbCase {
 		{name: "another process connects first, share then fails", share: then(stranger, apiErr("share", 500, "server_error", "x")),
 			class: metrics.ClassPeerRefused, step: machine.StepPeer, reason: errWrongPeer.Error(), exit: noExit, files: sockFile},
 
-		// tokens
-		{name: "a tokens file is in the way", setup: func(t *testing.T, dir, stem string) { touch(t, dir, stem+".tokens") },
-			class: metrics.ClassLocalIO, step: machine.StepTokens, reason: "cannot write the tokens file", exit: noExit, fds: nfds, files: sockFile + 1},
-		{name: "a layout file is in the way", setup: func(t *testing.T, dir, stem string) { touch(t, dir, stem+".json") },
-			class: metrics.ClassLocalIO, step: machine.StepTokens, reason: "cannot write the layout file", exit: noExit, fds: nfds, files: sockFile + tokensFile + 1},
+		// tokens: memfds in memory, no fault to inject short of exhausting fds
 
 		// provider
 		{name: "provider exits 3", prov: provFail,
-			class: metrics.ClassProviderFailed, step: machine.StepProvider, reason: "provider exited with status 3: " + helperStderr, exit: 3, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassProviderFailed, step: machine.StepProvider, reason: "provider exited with status 3: " + helperStderr, exit: 3, fds: nfds + sharedMem, files: sockFile + tokensFile + layoutFile},
 		{name: "provider times out", prov: provHang, provTO: 300 * time.Millisecond,
-			class: metrics.ClassTimeout, step: machine.StepProvider, reason: "provider timed out after 300ms (process group killed)", exit: -1, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassTimeout, step: machine.StepProvider, reason: "provider timed out after 300ms (process group killed)", exit: -1, fds: nfds + sharedMem, files: sockFile + tokensFile + layoutFile},
 		{name: "provider writes the regions, then fails", prov: provWriteFail,
-			class: metrics.ClassProviderFailed, step: machine.StepProvider, reason: "provider exited with status 1: wrote the regions, then lost the device", exit: 1, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassProviderFailed, step: machine.StepProvider, reason: "provider exited with status 1: wrote the regions, then lost the device", exit: 1, fds: nfds + sharedMem, files: sockFile + tokensFile + layoutFile},
 		{name: "provider cannot start", noProv: true,
-			class: metrics.ClassProviderFailed, step: machine.StepProvider, reason: "provider could not start", exit: -1, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassProviderFailed, step: machine.StepProvider, reason: "provider could not start", exit: -1, fds: nfds + sharedMem, files: sockFile + tokensFile + layoutFile},
 		{name: "client gone while the provider runs", prov: provHang, cut: goneProvider,
-			class: metrics.ClassCancelled, step: machine.StepProvider, reason: clientGone, exit: -1, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassCancelled, step: machine.StepProvider, reason: clientGone, exit: -1, fds: nfds + sharedMem, files: sockFile + tokensFile + layoutFile},
 		{name: "onebitd drains while the provider runs", prov: provHang, cut: drainInProv,
-			class: metrics.ClassCancelled, step: machine.StepProvider, reason: ErrDraining.Error(), exit: -1, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassCancelled, step: machine.StepProvider, reason: ErrDraining.Error(), exit: -1, fds: nfds + sharedMem, files: sockFile + tokensFile + layoutFile},
 
 		// adopt
 		{name: "adopt refuses the share_id (400)", adopt: refuse(apiErr("adopt", 400, "invalid_request_error", "share_id 1 is not the last share of slot 0")),
-			class: metrics.ClassDecoderRefused, step: machine.StepAdopt, reason: "decoder answered adopt with 400 invalid_request_error: share_id 1", status: 400, exit: noExit, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassDecoderRefused, step: machine.StepAdopt, reason: "decoder answered adopt with 400 invalid_request_error: share_id 1", status: 400, exit: noExit, fds: nfds + sharedMem, files: sockFile + tokensFile + layoutFile},
 		{name: "adopt answers 500", adopt: refuse(apiErr("adopt", 500, "server_error", "x")),
-			class: metrics.ClassDecoderError, step: machine.StepAdopt, reason: "decoder answered adopt with 500", status: 500, exit: noExit, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassDecoderError, step: machine.StepAdopt, reason: "decoder answered adopt with 500", status: 500, exit: noExit, fds: nfds + sharedMem, files: sockFile + tokensFile + layoutFile},
 		{name: "adopt does not answer in time", adopt: lateAnswer("adopt"), cfg: func(c *Config) { c.ApplyTimeout = 200 * time.Millisecond },
-			class: metrics.ClassTimeout, step: machine.StepAdopt, reason: "the decoder did not answer the adopt request in time (200ms)", exit: noExit, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassTimeout, step: machine.StepAdopt, reason: "the decoder did not answer the adopt request in time (200ms)", exit: noExit, fds: nfds + sharedMem, files: sockFile + tokensFile + layoutFile},
 		{name: "client gone during adopt", adopt: leaves("adopt"),
-			class: metrics.ClassCancelled, step: machine.StepAdopt, reason: clientGone, exit: noExit, fds: nfds, files: sockFile + tokensFile + layoutFile},
+			class: metrics.ClassCancelled, step: machine.StepAdopt, reason: clientGone, exit: noExit, fds: nfds + sharedMem, files: sockFile + tokensFile + layoutFile},
 
 		// file route
-		{name: "file: a tokens file is in the way", file: true, setup: func(t *testing.T, dir, stem string) { touch(t, dir, stem+".tokens") },
-			class: metrics.ClassLocalIO, step: machine.StepTokens, reason: "cannot write the tokens file", exit: noExit, files: 1},
 		{name: "file: client gone before the handoff", file: true, cut: goneBefore,
 			class: metrics.ClassCancelled, step: machine.StepTokens, reason: clientGone, exit: noExit},
 		{name: "file: provider exits 3", file: true, prov: provFail,
-			class: metrics.ClassProviderFailed, step: machine.StepProvider, reason: "provider exited with status 3: " + helperStderr, exit: 3, files: tokensFile},
+			class: metrics.ClassProviderFailed, step: machine.StepProvider, reason: "provider exited with status 3: " + helperStderr, fds: fileMem, exit: 3, files: tokensFile},
 		{name: "file: provider times out (its .tmp removed)", file: true, prov: provHang, provTO: 300 * time.Millisecond,
-			class: metrics.ClassTimeout, step: machine.StepProvider, reason: "provider timed out after 300ms (process group killed)", exit: -1, files: tokensFile + stateFile},
+			class: metrics.ClassTimeout, step: machine.StepProvider, reason: "provider timed out after 300ms (process group killed)", fds: fileMem, exit: -1, files: tokensFile + stateFile},
 		{name: "file: provider writes part of the state, then fails", file: true, prov: provWriteFail,
-			class: metrics.ClassProviderFailed, step: machine.StepProvider, reason: "provider exited with status 1: wrote the regions, then lost the device", exit: 1, files: tokensFile + stateFile},
+			class: metrics.ClassProviderFailed, step: machine.StepProvider, reason: "provider exited with status 1: wrote the regions, then lost the device", fds: fileMem, exit: 1, files: tokensFile + stateFile},
 		{name: "file: provider cannot start", file: true, noProv: true,
-			class: metrics.ClassProviderFailed, step: machine.StepProvider, reason: "provider could not start", exit: -1, files: tokensFile},
+			class: metrics.ClassProviderFailed, step: machine.StepProvider, reason: "provider could not start", fds: fileMem, exit: -1, files: tokensFile},
 		{name: "file: client gone while the provider runs", file: true, prov: provHang, cut: goneProvider,
-			class: metrics.ClassCancelled, step: machine.StepProvider, reason: clientGone, exit: -1, files: tokensFile + stateFile},
+			class: metrics.ClassCancelled, step: machine.StepProvider, reason: clientGone, fds: fileMem, exit: -1, files: tokensFile + stateFile},
 		{name: "file: restore refused (400)", file: true, restore: refuse(apiErr("restore", 400, "invalid_request_error", "failed to restore slot state")),
-			class: metrics.ClassDecoderRefused, step: machine.StepRestore, reason: "decoder answered restore with 400 invalid_request_error: failed to restore", status: 400, exit: noExit, files: tokensFile + stateFile},
+			class: metrics.ClassDecoderRefused, step: machine.StepRestore, reason: "decoder answered restore with 400 invalid_request_error: failed to restore", status: 400, fds: fileMem, exit: noExit, files: tokensFile + stateFile},
 		{name: "file: restore answers 500", file: true, restore: refuse(apiErr("restore", 500, "server_error", "x")),
-			class: metrics.ClassDecoderError, step: machine.StepRestore, reason: "decoder answered restore with 500", status: 500, exit: noExit, files: tokensFile + stateFile},
+			class: metrics.ClassDecoderError, step: machine.StepRestore, reason: "decoder answered restore with 500", status: 500, fds: fileMem, exit: noExit, files: tokensFile + stateFile},
 		{name: "file: restore does not answer in time", file: true, restore: lateAnswer("restore"), cfg: func(c *Config) { c.ApplyTimeout = 200 * time.Millisecond },
-			class: metrics.ClassTimeout, step: machine.StepRestore, reason: "the decoder did not answer the restore request in time (200ms)", exit: noExit, files: tokensFile + stateFile},
+			class: metrics.ClassTimeout, step: machine.StepRestore, reason: "the decoder did not answer the restore request in time (200ms)", fds: fileMem, exit: noExit, files: tokensFile + stateFile},
 		{name: "file: client gone during restore", file: true, restore: leaves("restore"),
-			class: metrics.ClassCancelled, step: machine.StepRestore, reason: clientGone, exit: noExit, files: tokensFile + stateFile},
+			class: metrics.ClassCancelled, step: machine.StepRestore, reason: clientGone, fds: fileMem, exit: noExit, files: tokensFile + stateFile},
 	}
 }
 
@@ -251,7 +253,9 @@ func newRig(t *testing.T, file bool, prov string, noProv bool, provTO time.Durat
 	if noProv {
 		run.Path = filepath.Join(t.TempDir(), "no-such-provider")
 	}
-	r.h = NewHandoff(cfg, r.dec, run, nil)
+	r.h = NewHandoff(cfg, r.dec, Exec{Runner: run}, nil)
+	_ = r.h.Listen() // as the daemon does at startup; a failure shows at the listen step
+	t.Cleanup(func() { r.h.Close() })
 	route := machine.RouteShared
 	if file {
 		route = machine.RouteFile
@@ -273,6 +277,9 @@ func runFallback(t *testing.T, tc fbCase) {
 	r.dec.share, r.dec.adoptErr, r.dec.restoreErr = tc.share, tc.adopt, tc.restore
 	if tc.setup != nil {
 		tc.setup(t, r.dir, r.m.ID())
+	}
+	if tc.closed {
+		r.h.Close()
 	}
 	base := fdCount(t)
 
@@ -409,6 +416,9 @@ func checkEmptyDir(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 	for _, e := range ents {
+		if ok, _ := filepath.Match("kvshare-*.sock", e.Name()); ok {
+			continue // the slots' share sockets, kept until Close
+		}
 		t.Errorf("left in the slot dir: %s", e.Name())
 	}
 }

@@ -1,6 +1,7 @@
 package handoff
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,8 +25,6 @@ func SlotSocketName(k int) string { return "kvshare-" + strconv.Itoa(k) }
 type slotSockets struct {
 	ls    []*fdpass.Listener
 	armed []atomic.Pointer[waiter]
-	check func(*fdpass.Conn) error
-	max   int
 	log   *slog.Logger
 	wg    sync.WaitGroup
 
@@ -36,15 +35,14 @@ type slotSockets struct {
 
 // waiter is one in-flight share's claim on its slot's socket.
 type waiter struct {
-	deadline time.Time
-	taken    atomic.Bool   // a connection (or disarm) claimed it
-	ch       chan received // the claimed connection's outcome, buffered 1
+	taken atomic.Bool       // a connection (or the end of the wait) claimed it
+	ch    chan *fdpass.Conn // the claiming connection, buffered 1
 }
 
 // openSlotSockets listens on n sockets in dir and starts one accept loop
 // for each. On error nothing stays open.
-func openSlotSockets(dir string, n, maxFDs int, check func(*fdpass.Conn) error, log *slog.Logger) (*slotSockets, error) {
-	s := &slotSockets{ls: make([]*fdpass.Listener, n), armed: make([]atomic.Pointer[waiter], n), check: check, max: maxFDs, log: log}
+func openSlotSockets(dir string, n int, log *slog.Logger) (*slotSockets, error) {
+	s := &slotSockets{ls: make([]*fdpass.Listener, n), armed: make([]atomic.Pointer[waiter], n), log: log}
 	for k := range n {
 		l, err := fdpass.Listen(dir, SlotSocketName(k))
 		if err != nil {
@@ -65,42 +63,38 @@ func openSlotSockets(dir string, n, maxFDs int, check func(*fdpass.Conn) error, 
 // path is slot k's socket path, given to the decoder in the share body.
 func (s *slotSockets) path(k int) string { return s.ls[k].Path() }
 
-// arm claims slot k's socket for one share until deadline.
-func (s *slotSockets) arm(k int, deadline time.Time) *waiter {
-	w := &waiter{deadline: deadline, ch: make(chan received, 1)}
+// arm claims slot k's socket for one share: the next connection is its.
+func (s *slotSockets) arm(k int) *waiter {
+	w := &waiter{ch: make(chan *fdpass.Conn, 1)}
 	s.armed[k].Store(w)
 	return w
 }
 
-// disarm ends w's claim. If a connection had already claimed it, its
-// outcome is returned (ok true); the caller owns (and must close) its
-// message. Otherwise no connection will claim w any more.
-func (s *slotSockets) disarm(k int, w *waiter) (r received, ok bool) {
-	s.armed[k].CompareAndSwap(w, nil)
-	if w.taken.CompareAndSwap(false, true) {
-		return received{}, false
-	}
-	return <-w.ch, true // Receive is bounded by w.deadline
-}
-
-// wait returns the outcome of w's connection, or an accept timeout at
-// w.deadline. After it returns, w is disarmed.
-func (s *slotSockets) wait(k int, w *waiter) received {
-	t := time.NewTimer(time.Until(w.deadline))
+// wait returns the connection that claimed w, or an error at deadline or
+// when ctx ends. Either way w is disarmed when it returns: a later
+// connection is refused, and one that claimed w meanwhile is closed.
+func (s *slotSockets) wait(ctx context.Context, k int, w *waiter, deadline time.Time) (*fdpass.Conn, error) {
+	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
+	var err error
 	select {
-	case r := <-w.ch:
+	case c := <-w.ch:
 		s.armed[k].CompareAndSwap(w, nil)
-		return r
+		return c, nil
 	case <-t.C:
+		err = fdpass.ErrAcceptTimeout
+	case <-ctx.Done():
+		err = fmt.Errorf("the share was abandoned before the decoder connected: %w", context.Cause(ctx))
 	}
-	if r, ok := s.disarm(k, w); ok {
-		return r
+	s.armed[k].CompareAndSwap(w, nil)
+	if !w.taken.CompareAndSwap(false, true) {
+		(<-w.ch).Close() // claimed just now: sent without blocking
 	}
-	return received{err: fmt.Errorf("the decoder did not send the share message: %w", fdpass.ErrAcceptTimeout)}
+	return nil, err
 }
 
-// serve accepts on slot k's socket until the listener closes.
+// serve accepts on slot k's socket until the listener closes. It never
+// blocks on a connection: the waiting share reads it.
 func (s *slotSockets) serve(k int) {
 	defer s.wg.Done()
 	for {
@@ -118,24 +112,8 @@ func (s *slotSockets) serve(k int) {
 			conn.Close() // nobody asked for a share on this slot now
 			continue
 		}
-		w.ch <- s.receive(conn, w.deadline)
+		w.ch <- conn
 	}
-}
-
-// receive checks the peer and reads the share message; the connection is
-// closed when it returns, and on error no fd is left open.
-func (s *slotSockets) receive(conn *fdpass.Conn, deadline time.Time) received {
-	defer conn.Close()
-	if s.check != nil {
-		if err := s.check(conn); err != nil {
-			return received{err: err}
-		}
-	}
-	msg, err := conn.Receive(deadline, s.max)
-	if err != nil {
-		return received{err: err}
-	}
-	return received{msg: msg}
 }
 
 // close stops the accept loops and removes the sockets.

@@ -1,12 +1,12 @@
 package handoff
 
 import (
+	"context"
 	"errors"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,36 +49,34 @@ func send(t *testing.T, path string, raw []byte, fds []int) {
 	}
 }
 
-var errImpostor = errors.New("impostor")
-
 // TestSlotSockets: one socket per slot, kept across shares; a connection is
 // taken only while that slot's share is armed; others are closed at once;
-// the peer check decides; close stops everything and removes the sockets.
+// a wait that ends (deadline, ctx) disarms; close stops everything and
+// removes the sockets.
 func TestSlotSockets(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "slots")
-	var reject atomic.Bool
-	check := func(*fdpass.Conn) error {
-		if reject.Load() {
-			return errImpostor
-		}
-		return nil
-	}
-	s, err := openSlotSockets(dir, 2, 8, check, slog.New(slog.DiscardHandler))
+	s, err := openSlotSockets(dir, 2, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
 	raw, fds := shareMsg(t)
 	baseFDs := openFDs(t)
+	ctx := context.Background()
 
 	t.Run("armed share receives", func(t *testing.T) {
 		for range 3 { // the same socket serves share after share
-			w := s.arm(1, time.Now().Add(5*time.Second))
+			w := s.arm(1)
 			send(t, s.path(1), raw, fds)
-			r := s.wait(1, w)
-			if r.err != nil || r.msg == nil || len(r.msg.Files) != 1 {
-				t.Fatalf("received %+v", r)
+			c, err := s.wait(ctx, 1, w, time.Now().Add(5*time.Second))
+			if err != nil {
+				t.Fatal(err)
 			}
-			r.msg.Close()
+			msg, err := c.Receive(time.Now().Add(5*time.Second), 8)
+			c.Close()
+			if err != nil || len(msg.Files) != 1 {
+				t.Fatalf("received %+v %v", msg, err)
+			}
+			msg.Close()
 		}
 		if filepath.Base(s.path(1)) != "kvshare-1.sock" {
 			t.Fatalf("path %s", s.path(1))
@@ -100,13 +98,31 @@ func TestSlotSockets(t *testing.T) {
 			t.Fatal("not counted as refused")
 		}
 	})
-	t.Run("accept timeout", func(t *testing.T) {
-		w := s.arm(0, time.Now().Add(50*time.Millisecond))
-		r := s.wait(0, w)
-		if !errors.Is(r.err, fdpass.ErrAcceptTimeout) {
-			t.Fatalf("got %+v", r)
+	t.Run("a second connection during one share is refused", func(t *testing.T) {
+		w := s.arm(0)
+		first, err := fdpass.Dial(s.path(0), time.Second)
+		if err != nil {
+			t.Fatal(err)
 		}
-		// Disarmed: a late connection is refused, not delivered.
+		defer first.Close()
+		before := s.refused.Load()
+		second, err := fdpass.Dial(s.path(0), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer second.Close()
+		obtest.WaitFor(t, 5*time.Second, "the second connection refused", func() bool { return s.refused.Load() == before+1 })
+		c, err := s.wait(ctx, 0, w, time.Now().Add(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+	})
+	t.Run("accept timeout disarms", func(t *testing.T) {
+		w := s.arm(0)
+		if _, err := s.wait(ctx, 0, w, time.Now().Add(50*time.Millisecond)); !errors.Is(err, fdpass.ErrAcceptTimeout) {
+			t.Fatalf("got %v", err)
+		}
 		before := s.refused.Load()
 		c, err := fdpass.Dial(s.path(0), time.Second)
 		if err != nil {
@@ -115,33 +131,31 @@ func TestSlotSockets(t *testing.T) {
 		defer c.Close()
 		obtest.WaitFor(t, 5*time.Second, "the late connection refused", func() bool { return s.refused.Load() == before+1 })
 	})
-	t.Run("wrong peer", func(t *testing.T) {
-		reject.Store(true)
-		defer reject.Store(false)
-		w := s.arm(0, time.Now().Add(5*time.Second))
-		c, err := fdpass.Dial(s.path(0), time.Second)
+	t.Run("ctx ends the wait", func(t *testing.T) {
+		w := s.arm(1)
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		if _, err := s.wait(cctx, 1, w, time.Now().Add(5*time.Second)); !errors.Is(err, context.Canceled) {
+			t.Fatalf("got %v", err)
+		}
+	})
+	t.Run("a connection that claimed the share as the wait ended is closed", func(t *testing.T) {
+		w := s.arm(1)
+		c, err := fdpass.Dial(s.path(1), time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		_ = fdpass.Send(c, raw, fds) // refused before or during the send
-		if r := s.wait(0, w); !errors.Is(r.err, errImpostor) || r.msg != nil {
-			t.Fatalf("got %+v", r)
-		}
-	})
-	t.Run("disarm after a connection claimed the share", func(t *testing.T) {
-		w := s.arm(1, time.Now().Add(5*time.Second))
-		send(t, s.path(1), raw, fds)
 		obtest.WaitFor(t, 5*time.Second, "the connection to claim the share", func() bool { return w.taken.Load() })
-		r, ok := s.disarm(1, w)
-		if !ok || r.msg == nil {
-			t.Fatalf("disarm: %v %+v", ok, r)
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		// The claim races the cancellation in wait's select: either way
+		// nothing stays open.
+		if got, err := s.wait(cctx, 1, w, time.Now().Add(5*time.Second)); err == nil {
+			got.Close()
 		}
-		r.msg.Close()
 	})
-	if n := openFDs(t); n != baseFDs {
-		t.Fatalf("fds %d, want %d", n, baseFDs)
-	}
+	obtest.WaitFor(t, 5*time.Second, "fds back to the baseline", func() bool { return openFDs(t) == baseFDs })
 	s.close()
 	if left, _ := os.ReadDir(dir); len(left) != 0 {
 		t.Fatalf("sockets left after close: %v", left)
@@ -169,5 +183,22 @@ func TestSealedMemfd(t *testing.T) {
 	}
 	if _, err := f.Write([]byte("x")); err == nil {
 		t.Fatal("a sealed memfd took a write")
+	}
+}
+
+// TestListenRefusesInsecureDir: the share sockets are opened at startup, so
+// a slot dir others can write is an error there, not a fallback per request.
+func TestListenRefusesInsecureDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "slots")
+	if err := os.Mkdir(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	h := NewHandoff(Config{SlotDir: dir, Share: true, Slots: 2}, nil, nil, nil)
+	defer h.Close()
+	if err := h.Listen(); !errors.Is(err, fdpass.ErrInsecureDir) {
+		t.Fatalf("Listen on a 0777 slot dir: %v", err)
 	}
 }

@@ -21,9 +21,9 @@ func TestHandoffSucceeds(t *testing.T) {
 		fds, files   int
 		shared, done int // share events, adopts or restores by the decoder
 	}{
-		{name: "shared", to: machine.Adopted, fds: nfds, files: sockFile + tokensFile + layoutFile, shared: 1},
-		{name: "shared, socket removed by hand", share: removeSocket, to: machine.Adopted, fds: nfds, files: tokensFile + layoutFile, shared: 1},
-		{name: "file", file: true, to: machine.Restored, files: tokensFile + stateFile},
+		{name: "shared", to: machine.Adopted, fds: nfds + sharedMem, files: 0, shared: 1},
+		{name: "shared, socket removed by hand", share: removeSocket, to: machine.Adopted, fds: nfds + sharedMem, files: 0, shared: 1},
+		{name: "file", file: true, to: machine.Restored, fds: fileMem, files: stateFile},
 	}
 	warmUp(t)
 	for _, tc := range cases {

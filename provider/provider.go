@@ -143,6 +143,20 @@ func (r *Runner) RunShared(ctx context.Context, tokens, model, layout string, fi
 	return r.run(ctx, []string{"--tokens", tokens, "--model", model, "--layout", layout, "--fds", strings.Join(fds, ",")}, files)
 }
 
+// Run runs PATH ARGS… contract… with files inherited at fd 3+i: the
+// general form of RunFile and RunShared, for callers that pass more than
+// the region fds (tokens and layout memfds named /proc/self/fd/N). The
+// caller keeps ownership of files.
+func (r *Runner) Run(ctx context.Context, contract []string, files []*os.File) (Result, error) {
+	for i, f := range files {
+		if f == nil {
+			err := &Error{Kind: ErrProviderStart, Reason: fmt.Sprintf("provider could not start: inherited fd %d of %d is missing", i, len(files))}
+			return Result{ExitCode: -1, Reason: err.Reason}, err
+		}
+	}
+	return r.run(ctx, contract, files)
+}
+
 func (r *Runner) logger() *slog.Logger {
 	if r.Logger == nil {
 		return slog.New(slog.DiscardHandler)

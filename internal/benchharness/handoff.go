@@ -181,12 +181,17 @@ func newHandoffStack(ctx context.Context, c *Config, route machine.Route, model 
 		return nil, err
 	}
 	s.stops = append(s.stops, func() { _ = b.Close() })
-	prov := &timedProvider{r: &provider.Runner{Path: c.bin("onebit-provider-sim"), Timeout: 60 * time.Second}, log: s.calls}
+	prov := &timedProvider{p: handoff.Exec{Runner: &provider.Runner{Path: c.bin("onebit-provider-sim"), Timeout: 60 * time.Second}}, log: s.calls}
+	h := handoff.NewHandoff(handoff.Config{SlotDir: slotDir, Model: model, Share: route == machine.RouteShared,
+		CheckPeerCreds: true, PeerUID: os.Getuid()}, dec, prov, nil)
+	if err := h.Listen(); err != nil {
+		return nil, err
+	}
+	s.stops = append(s.stops, func() { _ = h.Close() })
 	front, err := handlers.New(handlers.Config{
 		Decoder: dec,
 		Pool:    slots.New(1, 256),
-		Handoff: handoff.NewHandoff(handoff.Config{SlotDir: slotDir, Model: model, Share: route == machine.RouteShared,
-			CheckPeerCreds: true, PeerUID: os.Getuid()}, dec, prov, nil),
+		Handoff: h,
 		Sink: event.NewRecorder("bench-inproc", s.events, w, b),
 	})
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -154,24 +153,17 @@ func reportedTime(body []byte) time.Duration {
 	return time.Duration(ms * float64(time.Millisecond))
 }
 
-// timedProvider times every provider run (exec to exit).
+// timedProvider times every provider run (exec to exit, or a warm job).
 type timedProvider struct {
-	r   *provider.Runner
+	p   handoff.Provider
 	log *callLog
 }
 
 var _ handoff.Provider = (*timedProvider)(nil)
 
-func (p *timedProvider) RunFile(ctx context.Context, tokens, model, state string) (provider.Result, error) {
+func (p *timedProvider) Prefill(ctx context.Context, job *handoff.Job) (provider.Result, error) {
 	t0 := time.Now()
-	res, err := p.r.RunFile(ctx, tokens, model, state)
-	p.log.add(call{op: opProvider, d: time.Since(t0)})
-	return res, err
-}
-
-func (p *timedProvider) RunShared(ctx context.Context, tokens, model, layout string, files []*os.File) (provider.Result, error) {
-	t0 := time.Now()
-	res, err := p.r.RunShared(ctx, tokens, model, layout, files)
+	res, err := p.p.Prefill(ctx, job)
 	p.log.add(call{op: opProvider, d: time.Since(t0)})
 	return res, err
 }
