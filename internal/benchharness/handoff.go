@@ -192,7 +192,7 @@ func newHandoffStack(ctx context.Context, c *Config, route machine.Route, model 
 		Decoder: dec,
 		Pool:    slots.New(1, 256),
 		Handoff: h,
-		Sink: event.NewRecorder("bench-inproc", s.events, w, b),
+		Sink:    event.NewRecorder("bench-inproc", s.events, w, b),
 	})
 	if err != nil {
 		return nil, err
