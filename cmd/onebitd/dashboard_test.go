@@ -10,15 +10,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
 	"github.com/onebitd/onebitd/bus"
 	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/internal/browsertest"
 	"github.com/onebitd/onebitd/internal/obtest"
 )
 
 // TestDashboardCommandTwoNodes: two daemons publish on one NATS server (the
 // first one's embedded server, the second connects to it with the daemon
 // identity); `onebitd dashboard` with the reader identity shows both nodes
-// and their requests' timelines.
+// and their requests' timelines, through the API and in headless Chromium
+// (without a chromium binary the test stops before the browser part).
 func TestDashboardCommandTwoNodes(t *testing.T) {
 	state := t.TempDir()
 	a := openTestBus(t, bus.Config{Listen: "127.0.0.1:0", StateDir: state, Node: "node-a"})
@@ -84,6 +88,16 @@ func TestDashboardCommandTwoNodes(t *testing.T) {
 	if code, html := get(""); code != 200 || !strings.Contains(html, "<title>onebitd dashboard</title>") {
 		t.Errorf("GET / = %d, not the page", code)
 	}
+	// The page, in a real browser: both nodes, each with its r1 row.
+	p := browsertest.Open(t, page, "#conn.on")
+	p.Do(chromedp.WaitVisible(chromedp.CSS(`div[data-node="node-a"] tr[data-request="r1"] td.st-done`)),
+		chromedp.WaitVisible(chromedp.CSS(`div[data-node="node-b"] tr[data-request="r1"] td.st-done`)))
+	obtest.WaitFor(t, 5*time.Second, "both nodes in the nodes table", func() bool {
+		s := p.Text(`#nodes tbody`)
+		return strings.Contains(s, "node-a") && strings.Contains(s, "node-b")
+	})
+	p.Shot("dashboard-two-nodes")
+	p.NoConsoleErrors()
 	if !strings.Contains(stderr.String(), "as "+a.ReaderCreds()) {
 		t.Errorf("the dashboard does not say which credentials it uses: %q", stderr.String())
 	}
