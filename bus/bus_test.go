@@ -218,6 +218,8 @@ func TestEventSubjects(t *testing.T) {
 		{event.Event{Event: "finish", To: "done"}, "onebit.node-a.handoff.done"}, // Node from Config
 		{event.Event{Node: "gpu.box", Event: "finish", To: "done"}, "onebit.gpu_box.handoff.done"},
 		{event.Event{Node: "node-a", Event: "decoder.ready"}, "onebit.node-a.decoder.ready"},
+		{event.Event{Node: "node-a", Event: "provider.exited"}, "onebit.node-a.provider.exited"},
+		{event.Event{Node: "node-a", Event: "eventlog.shutdown"}, "onebit.node-a.eventlog.shutdown"},
 		{event.Event{Node: "node-a", Event: "odd one"}, "onebit.node-a.event.odd_one"},
 	}
 	for _, ev := range evs {

@@ -48,12 +48,20 @@ func tokenByte(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
 }
 
+// lifecycleKinds are the event name prefixes with a subject of their own
+// (DESIGN §5): the decoder's and the provider's (warm provider, prefill
+// server) lifecycle, and the event log's own lines.
+var lifecycleKinds = []string{"decoder", "provider", "eventlog"}
+
 // eventSubject is the subject of an event that does not enter a request
-// state (To is empty): decoder lifecycle events "decoder.<what>" go to
-// "onebit.<node>.decoder.<what>", anything else to "onebit.<node>.event.<name>".
+// state (To is empty): "decoder.<what>" goes to "onebit.<node>.decoder.<what>",
+// likewise "provider.<what>" and "eventlog.<what>", anything else to
+// "onebit.<node>.event.<name>".
 func eventSubject(node, name string) string {
-	if rest, ok := strings.CutPrefix(name, "decoder."); ok {
-		return SubjectPrefix + "." + Token(node) + ".decoder." + Token(rest)
+	for _, k := range lifecycleKinds {
+		if rest, ok := strings.CutPrefix(name, k+"."); ok {
+			return SubjectPrefix + "." + Token(node) + "." + k + "." + Token(rest)
+		}
 	}
 	return SubjectPrefix + "." + Token(node) + ".event." + Token(name)
 }
