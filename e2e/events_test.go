@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/onebitd/onebitd/bus"
 	"github.com/onebitd/onebitd/event"
 	"github.com/onebitd/onebitd/internal/obtest"
 	"github.com/onebitd/onebitd/schemas"
@@ -36,9 +37,12 @@ type subscriber struct {
 	msgs []*nats.Msg
 }
 
-func subscribe(t *testing.T, url string) *subscriber {
+// subscribe reads onebit.> at url; creds is the reader identity of an
+// embedded server (bus.ReaderCredsPath of its state dir), "" for a server
+// without auth.
+func subscribe(t *testing.T, url, creds string) *subscriber {
 	t.Helper()
-	nc, err := nats.Connect(url)
+	nc, err := (bus.Client{URLs: url, CredsFile: creds}).Connect()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +78,7 @@ func TestEventsEndToEnd(t *testing.T) {
 		url := "nats://127.0.0.1:" + strconv.Itoa(port)
 		e := newEnv(t, envOpts{provider: true, share: share,
 			onebitArgs: []string{"--nats-listen", "127.0.0.1:" + strconv.Itoa(port)}})
-		sub := subscribe(t, url)
+		sub := subscribe(t, url, bus.ReaderCredsPath(e.stateDir))
 		text := prompt(51, 250)
 		n := 0
 		for _, ep := range entries {
@@ -158,7 +162,8 @@ func TestJetStreamReplay(t *testing.T) {
 		if err != nil {
 			t.Fatalf("replay log: %v", err)
 		}
-		fromStream, err = exec.Command(bins.onebitd, "replay", "--json", "--nats-url", url, "--stream", "ONEBIT").Output()
+		fromStream, err = exec.Command(bins.onebitd, "replay", "--json", "--nats-url", url,
+			"--nats-creds", bus.ReaderCredsPath(e.stateDir), "--stream", "ONEBIT").Output()
 		return err == nil && bytes.Count(fromStream, []byte("\n")) == bytes.Count(fromLog, []byte("\n"))
 	})
 	if countDone(logEvents(t, e)) != 4 {

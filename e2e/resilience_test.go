@@ -51,7 +51,7 @@ func TestExternalNATSOutage(t *testing.T) {
 			t.Fatalf("%s: %d %s %q", phase, r.status, r.route, r.text)
 		}
 	}
-	sub := subscribe(t, url)
+	sub := subscribe(t, url, "")
 	for range 3 {
 		check("before")
 	}
@@ -65,7 +65,7 @@ func TestExternalNATSOutage(t *testing.T) {
 
 	ns = natsServer(t, port)
 	defer ns.Shutdown()
-	sub2 := subscribe(t, url)
+	sub2 := subscribe(t, url, "")
 	obtest.WaitFor(t, 30*time.Second, "publishing to resume", func() bool {
 		check("after")
 		return len(sub2.all()) > 0

@@ -64,7 +64,7 @@ func fileRoute(t *testing.T, decURL string, sc decodersim.Config) (func(*Config)
 	}
 	mark := filepath.Join(t.TempDir(), "provider-saw")
 	prov := &provider.Runner{Path: os.Args[0], Args: []string{"-provider", mark}, Timeout: 30 * time.Second}
-	h := handoff.NewHandoff(handoff.Config{SlotDir: sc.SlotSavePath, Model: sc.ModelPath}, dec, prov, nil)
+	h := handoff.NewHandoff(handoff.Config{SlotDir: sc.SlotSavePath, Model: sc.ModelPath}, dec, handoff.Exec{Runner: prov}, nil)
 	return func(c *Config) { c.Handoff = h }, mark
 }
 
