@@ -1,6 +1,8 @@
 package handlers
 
 import (
+	"github.com/onebitd/onebitd/machine"
+
 	"context"
 	"errors"
 	"io"
@@ -13,16 +15,12 @@ import (
 	"time"
 )
 
-// ReasonClientGone begins every reason given for a request whose client
-// left before its answer was written ("the client went away" alone before
-// the request had a slot, "… before the decoder answered", "…
-// mid-response" after). The handoff runner uses the same words for a
-// client that leaves during a handoff step.
-const ReasonClientGone = "the client went away"
-
-// StepQueue is where a request waits for a slot (a log attribute, like the
-// handoff steps of package machine).
-const StepQueue = "queue"
+// ReasonClientGone and StepQueue are machine's (one vocabulary for the
+// front and the handoff runner).
+const (
+	ReasonClientGone = machine.ReasonClientGone
+	StepQueue        = machine.StepQueue
+)
 
 // publicPaths are served without an API key. llama-server also leaves its
 // model list open; onebitd does not (it names the model file).

@@ -307,8 +307,8 @@ func (w *work) fallback(step string, err error, exit *int, status int) string {
 }
 
 // ReasonClientGone starts the reason of every handoff whose client went
-// away (the handlers use the same words for a client gone mid-forward).
-const ReasonClientGone = "the client went away"
+// away (machine's: the handlers use the same words).
+const ReasonClientGone = machine.ReasonClientGone
 
 // goneWhile completes ReasonClientGone per step.
 var goneWhile = map[string]string{
