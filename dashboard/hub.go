@@ -100,6 +100,7 @@ type nodeStats struct {
 	Last     time.Time `json:"last"` // time of the last event
 	Decoder  string    `json:"decoder,omitempty"`
 	Provider string    `json:"provider,omitempty"`
+	LogLost  uint64    `json:"eventlog_lost"` // events the node's event log could not keep (its running total)
 
 	lastBoot string
 	lastSeq  uint64
@@ -465,6 +466,27 @@ func (h *Hub) framesSinceLocked(seq uint64) ([][]byte, bool) {
 		}
 	}
 	return out, true
+}
+
+// NoteEventlogLoss records that node's event log has lost total events
+// since it opened (eventlog.Loss.Total; the daemon publishes it on
+// onebit.<node>.eventlog.lost). The in-process hub of `onebitd serve` can be
+// told the same from the event log's loss callback.
+func (h *Hub) NoteEventlogLoss(node string, total uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ns := h.nodes[node]
+	if ns == nil {
+		if len(h.nodes) >= 1024 {
+			return
+		}
+		ns = &nodeStats{}
+		h.nodes[node] = ns
+	}
+	if total > ns.LogLost {
+		ns.LogLost = total
+		h.version++
+	}
 }
 
 // Timeline is one request's events on one node and boot.

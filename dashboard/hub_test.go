@@ -13,7 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
 	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/eventlog"
+	"github.com/onebitd/onebitd/internal/obtest"
 )
 
 // logEvents reads testdata/events.jsonl (a copy of
@@ -380,5 +385,48 @@ func FuzzLastEventID(f *testing.F) {
 			t.Fatalf("resume after %d of %d: %d frames", seq, h.seq, len(frames))
 		}
 		_ = epoch
+	})
+}
+
+// TestSubscribeEventlogLost: the daemon publishes eventlog.Loss (not an
+// event) on onebit.<node>.eventlog.lost; the hub counts it for the node
+// instead of calling it a bad payload.
+func TestSubscribeEventlogLost(t *testing.T) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	h := NewHub(Config{})
+	defer h.Close()
+	if _, err := h.Subscribe(nc, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range logEvents(t)[:3] {
+		if err := nc.Publish("onebit.node-a.handoff.x", l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	loss, _ := json.Marshal(eventlog.Loss{Node: "node-a", Boot: "b", Events: 3, FirstSeq: 4, LastSeq: 6, Total: 7, Error: "no space left on device"})
+	if err := nc.Publish("onebit.node-a.eventlog.lost", loss); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Publish("onebit.node-a.eventlog.lost", []byte("junk")); err != nil {
+		t.Fatal(err)
+	}
+	obtest.WaitFor(t, 5*time.Second, "the loss counted", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		ns := h.nodes["node-a"]
+		return ns != nil && ns.Events == 3 && ns.LogLost == 7 && h.bad == 1
 	})
 }

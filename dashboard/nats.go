@@ -1,10 +1,18 @@
 package dashboard
 
 import (
+	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/onebitd/onebitd/eventlog"
 )
+
+// lostSuffix ends the subject of an event log's loss report
+// (eventlog.Loss, not an event).
+const lostSuffix = ".eventlog.lost"
 
 // SubjectAll is every subject onebitd publishes on.
 const SubjectAll = "onebit.>"
@@ -19,12 +27,25 @@ const (
 // Subscribe feeds the hub with every event published on subject (SubjectAll
 // if empty) through nc, until the subscription or the connection is closed.
 // It returns once the server confirmed the subscription. Messages that are
-// not events are counted, not shown.
+// not events are counted, not shown; a loss report of an event log
+// (onebit.<node>.eventlog.lost, an eventlog.Loss) is counted for its node.
 func (h *Hub) Subscribe(nc *nats.Conn, subject string) (*nats.Subscription, error) {
 	if subject == "" {
 		subject = SubjectAll
 	}
 	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		if strings.HasSuffix(m.Subject, lostSuffix) {
+			var l eventlog.Loss
+			if err := json.Unmarshal(m.Data, &l); err != nil || l.Node == "" {
+				h.mu.Lock()
+				h.bad++
+				h.version++
+				h.mu.Unlock()
+				return
+			}
+			h.NoteEventlogLoss(l.Node, l.Total)
+			return
+		}
 		if err := h.EmitJSON(m.Data); err != nil {
 			h.cfg.Logger.Debug("dashboard: not an event", "subject", m.Subject, "error", err)
 		}

@@ -228,11 +228,12 @@
     fillBody($('nodes').tBodies[0], nodes.map(function (n) {
       const s = stats.nodes[n];
       return [{ t: n }, { t: s.events, c: 'num' }, { t: s.boots, c: 'num' }, { t: s.gaps, c: 'num' },
-        { t: s.decoder || '' }, { t: s.provider || '' }, { t: s.last }];
+        { t: s.eventlog_lost || 0, c: s.eventlog_lost ? 'num st-failed' : 'num' }, { t: s.decoder || '' }, { t: s.provider || '' }, { t: s.last }];
     }));
     const c = stats.client || {};
     $('losses').textContent = 'dropped to this page: ' + (c.dropped || 0) + ' (resyncs ' + (c.resyncs || 0) + ')' +
       ' · seq gaps: ' + nodes.reduce(function (a, n) { return a + stats.nodes[n].gaps; }, 0) +
+      ' · event log lost: ' + nodes.reduce(function (a, n) { return a + (stats.nodes[n].eventlog_lost || 0); }, 0) +
       ' · NATS dropped: ' + (stats.nats_dropped || 0) + ' · not events: ' + (stats.bad_payloads || 0) +
       ' · evicted: ' + (stats.evicted || 0);
   }
