@@ -39,15 +39,15 @@ const (
 type tableKey struct{ node, boot, id string }
 
 type tableRow struct {
-	key     tableKey
-	route   string
-	state   string
-	last    int64 // elapsed_us of the previous event; -1: unknown (first seen mid-way)
-	phases  [len(tableCols)]int64
-	has     [len(tableCols)]bool
-	total   int64
-	step    string
-	reason  string
+	key    tableKey
+	route  string
+	state  string
+	last   int64 // elapsed_us of the previous event; -1: unknown (first seen mid-way)
+	phases [len(tableCols)]int64
+	has    [len(tableCols)]bool
+	total  int64
+	step   string
+	reason string
 }
 
 type lifecycleLine struct {

@@ -3,6 +3,7 @@ package watch
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -201,5 +202,36 @@ func TestRunRedrawsTable(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPrinterEventlogLost: a daemon's event log loss report
+// (onebit.<node>.eventlog.lost, an eventlog.Loss, not an event) is shown,
+// not rejected as a bad payload.
+func TestPrinterEventlogLost(t *testing.T) {
+	loss := []byte(`{"node":"node-a","boot":"b","events":3,"first_seq":4,"last_seq":6,"total":7,"error":"no space left on device","recovered":false}`)
+	var out bytes.Buffer
+	p := Printer{W: &out}
+	if err := p.Message("onebit.node-a.eventlog.lost", loss); err != nil {
+		t.Fatalf("Message: %v", err)
+	}
+	want := `node-a - eventlog.lost events=3 seq=4..6 total=7 error="no space left on device"` + "\n"
+	if got := out.String(); !strings.HasSuffix(got, want) {
+		t.Errorf("line %q, want suffix %q", got, want)
+	}
+	out.Reset()
+	tb := &Table{}
+	p = Printer{W: &out, Table: tb}
+	if err := p.Message("onebit.node-a.eventlog.lost", loss); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), `node-a eventlog.lost "7 events lost: no space left on device"`) {
+		t.Errorf("table: %q", out.String())
+	}
+	if err := p.Message("onebit.node-a.eventlog.lost", []byte("junk")); !errors.Is(err, ErrPayload) {
+		t.Errorf("junk loss report: %v", err)
 	}
 }

@@ -18,10 +18,12 @@ package watch
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -29,6 +31,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/eventlog"
 )
 
 // Errors.
@@ -223,6 +226,9 @@ func (p *Printer) pending() (time.Time, bool) {
 // the subject) for a payload that is not an event, which is not printed,
 // and the writer's error if writing fails.
 func (p *Printer) Message(subject string, data []byte) error {
+	if strings.HasSuffix(subject, lostSuffix) {
+		return p.loss(subject, data)
+	}
 	e, err := event.Parse(data)
 	if err != nil {
 		return fmt.Errorf("%w (subject %s): %w", ErrPayload, strconv.Quote(subject), err)
@@ -244,6 +250,75 @@ func (p *Printer) Message(subject string, data []byte) error {
 		p.buf = AppendLine(p.buf[:0], &e, p.Colour, p.Loc)
 	}
 	_, err = p.W.Write(p.buf)
+	return err
+}
+
+// lostSuffix ends the subject of an event log's loss report.
+const lostSuffix = ".eventlog.lost"
+
+// loss shows an event log's loss report (an eventlog.Loss, published by the
+// daemon on onebit.<node>.eventlog.lost): a line, or a lifecycle line of the
+// table, at the watcher's time (the report carries none).
+func (p *Printer) loss(subject string, data []byte) error {
+	var l eventlog.Loss
+	if err := json.Unmarshal(data, &l); err != nil || l.Node == "" {
+		if err == nil {
+			err = errors.New("no node")
+		}
+		return fmt.Errorf("%w (subject %s): loss report: %w", ErrPayload, strconv.Quote(subject), err)
+	}
+	reason := strconv.FormatUint(l.Total, 10) + " events lost"
+	if l.Error != "" {
+		reason += ": " + l.Error
+	}
+	if l.Recovered {
+		reason += " (the log writes again)"
+	}
+	e := event.Event{Time: time.Now(), Node: l.Node, Boot: l.Boot, Event: "eventlog.lost", Reason: reason}
+	if !p.Match(&e) {
+		return nil
+	}
+	switch {
+	case p.JSON:
+		p.buf = append(append(p.buf[:0], data...), '\n')
+	case p.Table != nil:
+		p.Table.Add(&e)
+		p.dirty = true
+		return p.Flush()
+	default:
+		loc := p.Loc
+		if loc == nil {
+			loc = time.UTC
+		}
+		b := e.Time.In(loc).AppendFormat(p.buf[:0], TimeLayout)
+		b = append(b, ' ')
+		b = appendWord(b, l.Node)
+		b = append(b, " - "...)
+		if p.Colour {
+			b = append(b, ansiRed...)
+		}
+		b = append(b, "eventlog.lost"...)
+		if p.Colour {
+			b = append(b, ansiReset...)
+		}
+		b = append(b, " events="...)
+		b = strconv.AppendUint(b, l.Events, 10)
+		b = append(b, " seq="...)
+		b = strconv.AppendUint(b, l.FirstSeq, 10)
+		b = append(b, ".."...)
+		b = strconv.AppendUint(b, l.LastSeq, 10)
+		b = append(b, " total="...)
+		b = strconv.AppendUint(b, l.Total, 10)
+		if l.Error != "" {
+			b = append(b, " error="...)
+			b = strconv.AppendQuote(b, l.Error)
+		}
+		if l.Recovered {
+			b = append(b, " recovered"...)
+		}
+		p.buf = append(b, '\n')
+	}
+	_, err := p.W.Write(p.buf)
 	return err
 }
 
