@@ -27,6 +27,11 @@
 //	          requests evicted from memory, NATS drops, payloads that were not events, and this
 //	          client's own dropped frames and resyncs
 //
+// The NATS subscriber (Subscribe) takes every message on onebit.>: events,
+// and the event log loss reports the daemon publishes on
+// onebit.<node>.eventlog.lost (an eventlog.Loss), counted per node as
+// eventlog_lost. Anything else is counted as bad_payloads.
+//
 // A client that reconnects with Last-Event-ID (EventSource does it by
 // itself) gets the ev frames it missed if the hub still holds them
 // (Config.History) and the epoch matches, else a new snapshot.
