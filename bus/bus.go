@@ -90,6 +90,13 @@ type Config struct {
 	Listen    string // --nats-listen for the embedded server: host:port, "off", port 0/-1 = random
 	JetStream bool   // --jetstream: create or bind stream ONEBIT on "onebit.>"
 	StoreDir  string // JetStream store of the embedded server (under the state dir)
+	// Embedded cluster (cluster.go): the embedded servers of several nodes
+	// route to each other and share JetStream. Routes present RouteUser and
+	// the secret in ClusterSecretFile; none is accepted without it.
+	ClusterName       string // --nats-cluster: the cluster's name, the same on every node
+	ClusterListen     string // --nats-cluster-listen: route listener, host:port (DefaultClusterListen)
+	ClusterRoutes     string // --nats-routes: comma-separated nats-route://host:port of the other nodes
+	ClusterSecretFile string // --nats-cluster-secret: file (0600) with the route password shared by all nodes
 	// Stream ONEBIT as onebitd creates it, or updates it when it binds one
 	// whose value differs (zero: the server's default, or leave as is).
 	StreamReplicas int           // --stream-replicas (a cluster: 3)
@@ -204,8 +211,11 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 		done:       make(chan struct{}),
 		dropSignal: make(chan struct{}, 1),
 	}
-	if cfg.JetStream && cfg.URLs != "" {
+	if cfg.JetStream && (cfg.URLs != "" || cfg.ClusterName != "") {
 		b.streamCheck = make(chan struct{}, 1)
+	}
+	if cfg.URLs != "" && (cfg.ClusterName != "" || cfg.ClusterRoutes != "") {
+		return nil, fmt.Errorf("%w: --nats-cluster and --nats-routes are for the embedded server, not with --nats-url", ErrCluster)
 	}
 	if cfg.JetStream && cfg.EventLog != "" && cfg.StateDir != "" {
 		b.ackedPath = filepath.Join(cfg.StateDir, AckedFile)

@@ -73,6 +73,9 @@ func startServer(cfg *Config, creds *credentials) (*server.Server, error) {
 		NoSigs:     true,
 		Nkeys:      creds.serverUsers(),
 	}
+	if err := clusterOptions(cfg, opts); err != nil {
+		return nil, err
+	}
 	if cfg.JetStream {
 		if cfg.StoreDir == "" {
 			return nil, ErrNoStoreDir

@@ -19,7 +19,8 @@ import (
 // stream. On the embedded server a failure fails Open; on an external server
 // that is unreachable the stream is set up in the background once it is
 // reachable, and events are published on core NATS (live subscribers only)
-// until then.
+// until then. An embedded server in a cluster is treated like an external
+// one: the stream needs the other nodes (a JetStream leader, replicas).
 func (b *Bus) setupJetStream(ctx context.Context) error {
 	js, err := jetstream.New(b.nc,
 		jetstream.WithPublishAsyncMaxPending(jsMaxPending),
@@ -48,7 +49,7 @@ func (b *Bus) setupJetStream(ctx context.Context) error {
 		return fmt.Errorf("bus: jetstream: %w", err)
 	}
 	b.js = js
-	if b.srv != nil {
+	if b.srv != nil && b.cfg.ClusterName == "" {
 		sctx, cancel := context.WithTimeout(ctx, setupTimeout)
 		defer cancel()
 		if err := b.ensureStream(sctx); err != nil {
@@ -72,7 +73,7 @@ func (b *Bus) setupJetStream(ctx context.Context) error {
 	return nil
 }
 
-// keepStream runs for an external server: it sets the stream up once the
+// keepStream runs for an external server or an embedded cluster: it sets the stream up once the
 // server can (with backoff), and checks it again after every reconnect, so
 // that a server that came back without the stream gets it back. Until the
 // stream is ready, events go out on core NATS.
