@@ -461,6 +461,8 @@ func (d *Daemon) openEvents(ctx context.Context) error {
 		StoreDir: filepath.Join(o.StateDir, "jetstream"), StateDir: o.StateDir,
 		CredsFile: o.NATSCreds, NKeyFile: o.NATSNKey, TLSCA: o.NATSTLSCA,
 		StreamReplicas: o.StreamReplicas, StreamMaxAge: o.StreamMaxAge, StreamMaxBytes: o.StreamMaxBytes,
+		ClusterName: o.NATSCluster, ClusterRoutes: o.NATSRoutes, ClusterListen: o.NATSClusterListen,
+		ClusterSecretFile: o.NATSClusterSecret, ReconnectBufSize: o.NATSReconnectBuf,
 		EventLog: logPath, Node: o.Node, Logger: log,
 	})
 	if err != nil {

@@ -98,6 +98,13 @@ type Options struct {
 	StreamReplicas int
 	StreamMaxAge   time.Duration
 	StreamMaxBytes int64
+	// Embedded NATS cluster (bus.Config.Cluster*) and the reconnect buffer
+	// of an external server (bus.Config.ReconnectBufSize).
+	NATSCluster       string
+	NATSRoutes        string
+	NATSClusterListen string
+	NATSClusterSecret string
+	NATSReconnectBuf  int
 
 	// PrefillBin launches a second llama-server as the prefill server
 	// (issue 15): onebit-prefill is the provider, on the file route.

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/onebitd/onebitd/bus"
 	"github.com/onebitd/onebitd/daemon"
 )
 
@@ -59,6 +60,11 @@ func serveFlags(fs *flag.FlagSet, o *daemon.Options, logFormat, logLevel *string
 	fs.IntVar(&o.StreamReplicas, "stream-replicas", 0, "with --jetstream: replicas of stream ONEBIT (3 on a cluster)")
 	fs.DurationVar(&o.StreamMaxAge, "stream-max-age", 0, "with --jetstream: oldest event stream ONEBIT keeps (0: no limit)")
 	fs.Int64Var(&o.StreamMaxBytes, "stream-max-bytes", 0, "with --jetstream: bytes stream ONEBIT keeps (0: no limit)")
+	fs.StringVar(&o.NATSCluster, "nats-cluster", "", "embedded NATS: join the embedded servers of several nodes into cluster NAME (with --nats-routes, --nats-cluster-secret)")
+	fs.StringVar(&o.NATSRoutes, "nats-routes", "", "with --nats-cluster: the nodes' route addresses, comma-separated nats-route://host:port")
+	fs.StringVar(&o.NATSClusterListen, "nats-cluster-listen", "", "with --nats-cluster: where this node listens for routes (default "+bus.DefaultClusterListen+")")
+	fs.StringVar(&o.NATSClusterSecret, "nats-cluster-secret", "", "with --nats-cluster: file (0600) holding the route secret, the same on every node")
+	fs.IntVar(&o.NATSReconnectBuf, "nats-reconnect-buf", 0, "with --nats-url: bytes of events kept while reconnecting (0: 4 MiB, -1: none); catch-up resends the rest")
 	fs.StringVar(&o.PrefillBin, "prefill-bin", "", "launch this llama-server as the prefill server too (file route through onebit-prefill; same args as the decoder unless --prefill-arg)")
 	fs.Var((*stringList)(&o.PrefillArgs), "prefill-arg", "argument for the prefill server (repeatable; default: the decoder's args)")
 	fs.StringVar(&o.PrefillProvider, "prefill-provider", "", "onebit-prefill binary (default: beside onebitd, else in PATH)")
