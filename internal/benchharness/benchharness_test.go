@@ -263,7 +263,7 @@ func TestTargets(t *testing.T) {
 	if got := byWhat["plain proxy: added latency (onebitd − direct, per round) at concurrency 1"].Test; !strings.Contains(got, "p=0.") {
 		t.Errorf("added latency row has no significance test: %q", got)
 	}
-	if got := byWhat["warm provider: prefill phase − the provider's reported prefill_ms"].Measured; got != "not measured: no warm provider configured" {
+	if got := byWhat[warmOverheadWhat].Measured; got != "not measured: no warm provider configured" {
 		t.Errorf("warm provider row = %q", got)
 	}
 	var md bytes.Buffer
@@ -302,6 +302,13 @@ func TestRun(t *testing.T) {
 		if row.Fallbacks != 0 || row.Handoff.N == 0 || row.Handling.N == 0 {
 			t.Errorf("%s route at %d tokens: %d fallbacks, %d samples", row.Route, row.Tokens, row.Fallbacks, row.Handoff.N)
 		}
+	}
+	// onebitd has --provider-mode serve: the warm provider's stack ran and
+	// its figures were taken.
+	if !hasProviderModeServe(ctx, filepath.Join(bin, "onebitd")) {
+		t.Error("onebitd serve -h does not list --provider-mode")
+	} else if w := res.Handoff.Warm; w == nil || w.NotMeasured != "" || w.Overhead.N == 0 || w.Whole.N == 0 {
+		t.Errorf("warm provider not measured: %+v", w)
 	}
 	if len(res.Proxy.Throughput) != len(ProxyConcurrency) || res.Proxy.Latency[TargetBare].N == 0 {
 		t.Errorf("proxy section incomplete: %+v", res.Proxy)

@@ -85,6 +85,10 @@ type HandoffRow struct {
 	RawRounds      map[string]Rounds
 	HandoffRounds  Rounds
 	HandlingRounds Rounds
+	// With a warm provider (in-process): the provider's own reported
+	// prefill_ms, the prefill phase minus it, and the whole request (client
+	// side) minus it, per request.
+	ProviderReported, PrefillOverhead, WholeOverReported Summary
 }
 
 // HandoffResult is section a.
@@ -111,7 +115,9 @@ func (r *HandoffResult) Row(route string, tokens int) *HandoffRow {
 // in-process onebitd (the same packages, outside calls timed) in front of
 // the same simulator. Requests are sent one at a time.
 type handoffStack struct {
-	route    string
+	route    string // machine route
+	label    string // the rows' Route: the route, or RouteSharedWarm
+	warm     bool   // --provider-mode serve: one warm provider
 	sim      *Proc
 	proc     *Proc
 	procURL  string
@@ -130,8 +136,20 @@ func (s *handoffStack) close() {
 	s.stops = nil
 }
 
-func newHandoffStack(ctx context.Context, c *Config, route machine.Route, model string) (_ *handoffStack, err error) {
-	s := &handoffStack{route: string(route), stateDir: filepath.Join(c.WorkDir, "handoff-"+string(route)), calls: &callLog{}, events: &eventsByRequest{}}
+// RouteSharedWarm labels the rows of the shared route with a warm provider
+// (--provider-mode serve).
+const RouteSharedWarm = "shared, warm provider"
+
+func newHandoffStack(ctx context.Context, c *Config, route machine.Route, warm bool, model string) (_ *handoffStack, err error) {
+	name := string(route)
+	s := &handoffStack{route: string(route), label: string(route), warm: warm, calls: &callLog{}, events: &eventsByRequest{}}
+	if warm {
+		name, s.label = string(route)+"-warm", RouteSharedWarm
+	}
+	s.stateDir = filepath.Join(c.WorkDir, "handoff-"+name)
+	if err := os.MkdirAll(s.stateDir, 0o700); err != nil {
+		return nil, err
+	}
 	defer func() {
 		if err != nil {
 			s.close()
@@ -144,7 +162,7 @@ func newHandoffStack(ctx context.Context, c *Config, route machine.Route, model 
 			return nil, err
 		}
 		s.stops = append(s.stops, func() { _ = os.RemoveAll(d) })
-		slotDir = filepath.Join(d, string(route))
+		slotDir = filepath.Join(d, name)
 	}
 	if err := os.MkdirAll(slotDir, 0o700); err != nil {
 		return nil, err
@@ -159,6 +177,9 @@ func newHandoffStack(ctx context.Context, c *Config, route machine.Route, model 
 	args := []string{"--slot-dir", slotDir, "--provider", c.bin("onebit-provider-sim"), "--model", model}
 	if route == machine.RouteShared {
 		args = append(args, "--kv-share")
+	}
+	if warm {
+		args = append(args, "--provider-mode", "serve")
 	}
 	s.proc, s.procURL, err = startOnebitd(ctx, c, simURL, s.stateDir, args...)
 	if err != nil {
@@ -181,8 +202,28 @@ func newHandoffStack(ctx context.Context, c *Config, route machine.Route, model 
 		return nil, err
 	}
 	s.stops = append(s.stops, func() { _ = b.Close() })
-	prov := &timedProvider{p: handoff.Exec{Runner: &provider.Runner{Path: c.bin("onebit-provider-sim"), Timeout: 60 * time.Second}}, log: s.calls}
-	h := handoff.NewHandoff(handoff.Config{SlotDir: slotDir, Model: model, Share: route == machine.RouteShared,
+	var inner handoff.Provider = handoff.Exec{Runner: &provider.Runner{Path: c.bin("onebit-provider-sim"), Timeout: 60 * time.Second}}
+	if warm {
+		wp, err := provider.StartWarm(ctx, provider.WarmConfig{Path: c.bin("onebit-provider-sim"), Socket: filepath.Join(s.stateDir, "inproc-provider.sock"),
+			Timeout: 60 * time.Second, Logger: slog.New(&reportedPrefill{log: s.calls})})
+		if err != nil {
+			return nil, fmt.Errorf("warm provider: %w", err)
+		}
+		s.stops = append(s.stops, func() { _ = wp.Stop() })
+		inner = handoff.Warm{W: wp}
+	}
+	prov := &timedProvider{p: inner, log: s.calls}
+	// The onebitd process listens on the slot's share socket in slotDir;
+	// the in-process copy has its own (the share body names the path the
+	// decoder connects to).
+	inSlotDir := slotDir
+	if route == machine.RouteShared {
+		inSlotDir = filepath.Join(slotDir, "inproc")
+		if err := os.MkdirAll(inSlotDir, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	h := handoff.NewHandoff(handoff.Config{SlotDir: inSlotDir, Model: model, Share: route == machine.RouteShared,
 		CheckPeerCreds: true, PeerUID: os.Getuid()}, dec, prov, nil)
 	if err := h.Listen(); err != nil {
 		return nil, err
@@ -225,10 +266,21 @@ func runHandoff(ctx context.Context, c *Config, log *slog.Logger) (*HandoffResul
 			s.close()
 		}
 	}()
-	for _, r := range []machine.Route{machine.RouteFile, machine.RouteShared} {
-		s, err := newHandoffStack(ctx, c, r, model)
+	kinds := []struct {
+		route machine.Route
+		warm  bool
+	}{{machine.RouteFile, false}, {machine.RouteShared, false}}
+	warm := hasProviderModeServe(ctx, c.bin("onebitd"))
+	if warm {
+		kinds = append(kinds, struct {
+			route machine.Route
+			warm  bool
+		}{machine.RouteShared, true})
+	}
+	for _, k := range kinds {
+		s, err := newHandoffStack(ctx, c, k.route, k.warm, model)
 		if err != nil {
-			return nil, fmt.Errorf("handoff %s stack: %w", r, err)
+			return nil, fmt.Errorf("handoff %s stack (warm provider %v): %w", k.route, k.warm, err)
 		}
 		stacks = append(stacks, s)
 	}
@@ -256,13 +308,13 @@ func runHandoff(ctx context.Context, c *Config, log *slog.Logger) (*HandoffResul
 		s.calls.take()
 		r, err := post(ctx, hc, url+"/completion", bodies[n])
 		if err != nil {
-			return fmt.Errorf("%s route, %d tokens: %w", s.route, n, err)
+			return fmt.Errorf("%s route, %d tokens: %w", s.label, n, err)
 		}
 		calls := s.calls.take()
-		k := key{s.route, n, inproc}
+		k := key{s.label, n, inproc}
 		if r.route != s.route || r.promptN != 1 {
 			fallbacks[k]++
-			log.Warn("handoff did not take the route", "route", s.route, "tokens", n, "got", r.route, "prompt_n", r.promptN)
+			log.Warn("handoff did not take the route", "route", s.label, "tokens", n, "got", r.route, "prompt_n", r.promptN)
 			return nil
 		}
 		if round >= 0 {
@@ -300,7 +352,7 @@ func runHandoff(ctx context.Context, c *Config, log *slog.Logger) (*HandoffResul
 		}
 	}
 
-	res := &HandoffResult{Rounds: rounds, SlotFS: fsOf(stacks[0].slotDir), Warm: warmStatus(ctx, c)}
+	res := &HandoffResult{Rounds: rounds, SlotFS: fsOf(stacks[0].slotDir)}
 	for _, s := range stacks {
 		// onebitd flushes its event log when it stops.
 		s.proc.Stop()
@@ -309,17 +361,18 @@ func runHandoff(ctx context.Context, c *Config, log *slog.Logger) (*HandoffResul
 			logged[e.RequestID] = append(logged[e.RequestID], e)
 			return nil
 		}); err != nil {
-			return nil, fmt.Errorf("read %s route event log: %w", s.route, err)
+			return nil, fmt.Errorf("read %s route event log: %w", s.label, err)
 		}
 		for _, n := range HandoffSizes {
-			row, err := handoffRow(s, n, samples[key{s.route, n, false}], samples[key{s.route, n, true}], logged)
+			row, err := handoffRow(s, n, samples[key{s.label, n, false}], samples[key{s.label, n, true}], logged)
 			if err != nil {
 				return nil, err
 			}
-			row.Fallbacks = fallbacks[key{s.route, n, false}] + fallbacks[key{s.route, n, true}]
+			row.Fallbacks = fallbacks[key{s.label, n, false}] + fallbacks[key{s.label, n, true}]
 			res.Rows = append(res.Rows, row)
 		}
 	}
+	res.Warm = warmResult(res, warm)
 	return res, nil
 }
 
@@ -360,7 +413,7 @@ func handlingPart(route string, own map[string]time.Duration) time.Duration {
 }
 
 func handoffRow(s *handoffStack, n int, proc, inproc []handoffSample, logged map[string][]event.Event) (HandoffRow, error) {
-	row := HandoffRow{Route: s.route, Tokens: n, Raw: map[string]Summary{}, InRaw: map[string]Summary{}, Own: map[string]Summary{},
+	row := HandoffRow{Route: s.label, Tokens: n, Raw: map[string]Summary{}, InRaw: map[string]Summary{}, Own: map[string]Summary{},
 		RTT: map[string]Summary{}, Reported: map[string]Summary{}, RawRounds: map[string]Rounds{}, HandoffRounds: Rounds{}, HandlingRounds: Rounds{}}
 	raw := map[string][]time.Duration{}
 	var handoff, client []time.Duration
@@ -381,7 +434,7 @@ func handoffRow(s *handoffStack, n int, proc, inproc []handoffSample, logged map
 		client = append(client, sm.client)
 	}
 	inRaw, own, rtt, rep := map[string][]time.Duration{}, map[string][]time.Duration{}, map[string][]time.Duration{}, map[string][]time.Duration{}
-	var handling, total, prov []time.Duration
+	var handling, total, prov, reported, overhead, whole []time.Duration
 	for _, sm := range inproc {
 		ph, err := phasesOf(s.route, s.events.get(sm.id))
 		if err != nil {
@@ -413,6 +466,11 @@ func handoffRow(s *handoffStack, n int, proc, inproc []handoffSample, logged map
 		if d, _ := sum(sm.calls, opProvider); d > 0 {
 			prov = append(prov, d)
 		}
+		if _, r := sum(sm.calls, opPrefillReported); r > 0 {
+			reported = append(reported, r)
+			overhead = append(overhead, ph[PhasePrefill]-r)
+			whole = append(whole, sm.client-r)
+		}
 	}
 	for p, ds := range raw {
 		row.Raw[p] = Summarize(ds)
@@ -431,6 +489,7 @@ func handoffRow(s *handoffStack, n int, proc, inproc []handoffSample, logged map
 	}
 	row.Handoff, row.Client = Summarize(handoff), Summarize(client)
 	row.Handling, row.OwnTotal, row.Provider = Summarize(handling), Summarize(total), Summarize(prov)
+	row.ProviderReported, row.PrefillOverhead, row.WholeOverReported = Summarize(reported), Summarize(overhead), Summarize(whole)
 	return row, nil
 }
 

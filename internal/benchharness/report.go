@@ -148,12 +148,36 @@ func (r *Results) handoffMarkdown(b *strings.Builder) {
 			fmtMed(row.Own[PhaseForward]), fmtSum(row.Handling), fmtMed(row.OwnTotal))
 	}
 	b.WriteString("\n² shared: listen + share + adopt (the target \"share + adopt handling\"); file: restore.\n\n")
+	r.warmMarkdown(b)
 	b.WriteString("Growth with prompt length: the median of per-round ratios (each round measured both lengths), with its 95 % confidence interval.\n\n")
 	b.WriteString("| route | decoder-facing handoff, raw, 12 722 : 251 | 95 % CI | own handling, 12 722 : 251 | 95 % CI |\n|---|---:|---:|---:|---:|\n")
 	for _, route := range []string{string(machine.RouteFile), string(machine.RouteShared)} {
 		raw := h.ratio(route, func(r *HandoffRow) Rounds { return r.HandoffRounds })
 		own := h.ratio(route, func(r *HandoffRow) Rounds { return r.HandlingRounds })
 		fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", route, fmtRatio(raw.Center), dash(fmtRatioCI(raw)), fmtRatio(own.Center), dash(fmtRatioCI(own)))
+	}
+	b.WriteString("\n")
+}
+
+// warmMarkdown is the warm provider's table, when section a ran one.
+func (r *Results) warmMarkdown(b *strings.Builder) {
+	h := r.Handoff
+	if h.Row(RouteSharedWarm, HandoffSizes[0]) == nil {
+		if h.Warm != nil && h.Warm.NotMeasured != "" {
+			fmt.Fprintf(b, "Warm provider: not measured: %s.\n\n", h.Warm.NotMeasured)
+		}
+		return
+	}
+	b.WriteString("### Warm provider (`--provider-mode serve`)\n\n")
+	b.WriteString("The shared route with one warm `onebit-provider-sim --serve` instead of a process per request (DESIGN §2c), in its own stack, interleaved with the others. Process: the onebitd process's prefill phase (event log). In-process: the job's round trip (connect, send, reply), the provider's own `prefill_ms` from its reply, the prefill phase minus it and the whole request minus it, per request; medians [95 % CI].\n\n")
+	b.WriteString("| tokens | prefill phase, process | job round trip | provider's prefill_ms | prefill phase − prefill_ms | whole request − prefill_ms |\n|---:|---:|---:|---:|---:|---:|\n")
+	for _, n := range HandoffSizes {
+		row := h.Row(RouteSharedWarm, n)
+		if row == nil {
+			continue
+		}
+		fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %s |\n", n, fmtSum(row.Raw[PhasePrefill]), fmtMed(row.Provider), fmtMed(row.ProviderReported),
+			fmtDiff(row.PrefillOverhead), fmtDiff(row.WholeOverReported))
 	}
 	b.WriteString("\n")
 }

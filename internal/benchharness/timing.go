@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -22,7 +23,10 @@ const (
 	opRestore    = "restore"
 	opCompletion = "completion"
 	opProvider   = "provider"
-	opOther      = "other"
+	// opPrefillReported carries a warm provider's own prefill_ms (in
+	// call.reported) of the job in flight.
+	opPrefillReported = "prefill reported"
+	opOther           = "other"
 )
 
 // call is one timed outside call: an HTTP round trip to the decoder
@@ -167,6 +171,30 @@ func (p *timedProvider) Prefill(ctx context.Context, job *handoff.Job) (provider
 	p.log.add(call{op: opProvider, d: time.Since(t0)})
 	return res, err
 }
+
+// reportedPrefill is the in-process warm provider's logger: it files the
+// prefill_ms of each job's reply (the provider's own prefill time, DESIGN
+// §2c), which provider.Warm logs with the job, as a call of the request in
+// flight. provider.Result does not carry it.
+type reportedPrefill struct{ log *callLog }
+
+var _ slog.Handler = (*reportedPrefill)(nil)
+
+func (h *reportedPrefill) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *reportedPrefill) Handle(_ context.Context, r slog.Record) error {
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key != "prefill_ms" || a.Value.Kind() != slog.KindFloat64 {
+			return true
+		}
+		h.log.add(call{op: opPrefillReported, reported: time.Duration(a.Value.Float64() * float64(time.Millisecond))})
+		return false
+	})
+	return nil
+}
+
+func (h *reportedPrefill) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *reportedPrefill) WithGroup(string) slog.Handler      { return h }
 
 // eventsByRequest keeps a copy of every event, per request id.
 type eventsByRequest struct {

@@ -3,28 +3,29 @@ package benchharness
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"os/exec"
 	"time"
 )
 
 // WarmResult is the warm provider's part of section a (issue 11: a
 // provider launched once and fed jobs over a unix socket, `onebitd serve
-// --provider-mode serve`). Until onebitd has that mode the harness cannot
-// take these figures, and NotMeasured says so.
+// --provider-mode serve`, DESIGN §2c). When the onebitd binary has that
+// mode, section a runs a third stack, the shared route with a warm
+// provider (rows RouteSharedWarm), and the in-process copy reads the
+// provider's own prefill_ms of each job. Otherwise NotMeasured says why.
 type WarmResult struct {
 	// NotMeasured is why the figures are missing ("" when measured).
 	NotMeasured string
-	// Overhead is the prefill phase minus the provider's own reported
-	// prefill_ms, per request; Whole is the whole 251-token request minus
-	// the provider's prefill_ms.
+	// At the shortest prompt, in-process, per request: Overhead is the
+	// prefill phase minus the provider's reported prefill_ms; Whole is the
+	// whole request (client side) minus it.
 	Overhead, Whole Summary
 }
 
 // Warm-provider figures, named in the targets table.
 const (
-	warmOverheadWhat = "warm provider: prefill phase − the provider's reported prefill_ms"
-	warmWholeWhat    = "warm provider: whole 251-token request − the provider's own prefill time"
+	warmOverheadWhat = "warm provider: prefill phase − the provider's reported prefill_ms at 251 tokens (in-process, per request)"
+	warmWholeWhat    = "warm provider: whole 251-token request − the provider's own prefill time (in-process, per request)"
 )
 
 // targets are the warm provider's rows; a nil WarmResult was not run.
@@ -49,10 +50,15 @@ func hasProviderModeServe(ctx context.Context, onebitd string) bool {
 	return bytes.Contains(out, []byte("provider-mode"))
 }
 
-// warmStatus is section a's warm-provider result for this onebitd binary.
-func warmStatus(ctx context.Context, c *Config) *WarmResult {
-	if !hasProviderModeServe(ctx, c.bin("onebitd")) {
-		return &WarmResult{NotMeasured: "no warm provider configured (`onebitd serve` has no --provider-mode serve yet)"}
+// warmResult is the warm provider's figures at the shortest prompt from
+// the RouteSharedWarm rows of h; ran says whether onebitd had the mode.
+func warmResult(h *HandoffResult, ran bool) *WarmResult {
+	if !ran {
+		return &WarmResult{NotMeasured: "no warm provider configured (`onebitd serve` has no --provider-mode serve)"}
 	}
-	return &WarmResult{NotMeasured: fmt.Sprintf("no warm provider configured: %s has --provider-mode, but its events carry no provider prefill_ms for the harness to subtract yet", c.bin("onebitd"))}
+	row := h.Row(RouteSharedWarm, HandoffSizes[0])
+	if row == nil || row.ProviderReported.N == 0 {
+		return &WarmResult{NotMeasured: "the warm provider's reported prefill_ms was not seen (provider.Warm logs it with each job)"}
+	}
+	return &WarmResult{Overhead: row.PrefillOverhead, Whole: row.WholeOverReported}
 }
