@@ -40,6 +40,20 @@ type Event struct {
 	ProviderExit *int     `json:"provider_exit,omitempty"`
 	Cleanup      *Cleanup `json:"cleanup,omitempty"`
 
+	// The handoff decision (issue 13) travels on the event that leaves
+	// received, and only there: Decision is "handoff" or "skip" (a skipped
+	// handoff is the plain route, not a fallback), DecisionBasis what
+	// decided it (always, never, floor, model, explore, held), the
+	// predicted µs of each side (0 before the cost model has data), the
+	// prompt tokens the slot held (a confirmed prefix) and the tokens left
+	// to prefill.
+	Decision         string `json:"decision,omitempty"`
+	DecisionBasis    string `json:"decision_basis,omitempty"`
+	PredictedDecoder int64  `json:"predicted_decoder_us,omitempty"`
+	PredictedHandoff int64  `json:"predicted_handoff_us,omitempty"`
+	TokensHeld       int    `json:"tokens_held,omitempty"`
+	TokensPrefill    int    `json:"tokens_prefill,omitempty"`
+
 	// InFlight is set on the Shutdown line only: the requests still in the
 	// handoff or being forwarded when the process stopped cleanly.
 	InFlight *int `json:"in_flight,omitempty"`

@@ -93,6 +93,30 @@ func (e *Event) AppendJSON(b []byte) []byte {
 		b = strconv.AppendInt(b, int64(e.Cleanup.FilesRemoved), 10)
 		b = append(b, '}')
 	}
+	if e.Decision != "" {
+		b = append(b, `,"decision":`...)
+		b = appendString(b, e.Decision)
+	}
+	if e.DecisionBasis != "" {
+		b = append(b, `,"decision_basis":`...)
+		b = appendString(b, e.DecisionBasis)
+	}
+	if e.PredictedDecoder != 0 {
+		b = append(b, `,"predicted_decoder_us":`...)
+		b = strconv.AppendInt(b, e.PredictedDecoder, 10)
+	}
+	if e.PredictedHandoff != 0 {
+		b = append(b, `,"predicted_handoff_us":`...)
+		b = strconv.AppendInt(b, e.PredictedHandoff, 10)
+	}
+	if e.TokensHeld != 0 {
+		b = append(b, `,"tokens_held":`...)
+		b = strconv.AppendInt(b, int64(e.TokensHeld), 10)
+	}
+	if e.TokensPrefill != 0 {
+		b = append(b, `,"tokens_prefill":`...)
+		b = strconv.AppendInt(b, int64(e.TokensPrefill), 10)
+	}
 	if e.InFlight != nil {
 		b = append(b, `,"in_flight":`...)
 		b = strconv.AppendInt(b, int64(*e.InFlight), 10)

@@ -37,6 +37,16 @@ func sampleEvents() map[string]Event {
 			e.HTTPStatus = 501
 			e.ProviderExit = ptr(0)
 			e.Cleanup = &Cleanup{FDsClosed: 56, FilesRemoved: 3}
+			e.Decision = "handoff"
+			e.DecisionBasis = "model"
+			e.PredictedDecoder = 123456
+			e.PredictedHandoff = 23456
+			e.TokensHeld = 300
+			e.TokensPrefill = 212
+		}),
+		"skip decision": with(func(e *Event) {
+			e.Event, e.From, e.To, e.Route = "forward", "received", "forwarding", "plain"
+			e.Decision, e.DecisionBasis, e.TokensPrefill = "skip", "floor", 10
 		}),
 		"negative and extremes": with(func(e *Event) {
 			e.Seq = math.MaxUint64
@@ -44,6 +54,9 @@ func sampleEvents() map[string]Event {
 			e.ElapsedUS = math.MinInt64
 			e.ShareID = ptr(int64(math.MaxInt64))
 			e.ProviderExit = ptr(-9)
+			e.PredictedDecoder = math.MinInt64
+			e.PredictedHandoff = math.MaxInt64
+			e.TokensHeld = -1
 			e.Cleanup = &Cleanup{}
 		}),
 		"escapes": with(func(e *Event) {
@@ -248,6 +261,9 @@ func FuzzRoundTrip(f *testing.F) {
 		}
 		if withCleanup {
 			e.Cleanup = &Cleanup{FDsClosed: slot, FilesRemoved: nTokens}
+			e.Decision, e.DecisionBasis = step, reason
+			e.PredictedDecoder, e.PredictedHandoff = elapsed, shareID
+			e.TokensHeld, e.TokensPrefill = slot, nTokens
 		}
 		got := e.AppendJSON(nil)
 		want, err := json.Marshal(&e)

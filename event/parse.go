@@ -183,6 +183,12 @@ const (
 	kHTTPStatus
 	kProviderExit
 	kCleanup
+	kDecision
+	kDecisionBasis
+	kPredictedDecoder
+	kPredictedHandoff
+	kTokensHeld
+	kTokensPrefill
 	kInFlight
 	kLost
 	kUnknown
@@ -190,7 +196,8 @@ const (
 
 var keyNames = [...]string{"v", "boot", "seq", "time", "node", "request_id", "slot", "route", "event",
 	"from", "to", "elapsed_us", "share_id", "n_tokens", "n_fds", "bytes_mapped", "reason", "step",
-	"http_status", "provider_exit", "cleanup", "in_flight", "lost"}
+	"http_status", "provider_exit", "cleanup", "decision", "decision_basis", "predicted_decoder_us",
+	"predicted_handoff_us", "tokens_held", "tokens_prefill", "in_flight", "lost"}
 
 // keyIndex maps a key to its field index, kUnknown if none.
 func keyIndex(key []byte) int {
@@ -322,6 +329,18 @@ func (p *parser) field(e *Event, idx int) error {
 		c := p.d.newCleanup()
 		err = p.cleanup(c)
 		e.Cleanup = c
+	case kDecision:
+		e.Decision, err = p.strField("decision", nil)
+	case kDecisionBasis:
+		e.DecisionBasis, err = p.strField("decision_basis", nil)
+	case kPredictedDecoder:
+		e.PredictedDecoder, err = p.int64Field("predicted_decoder_us")
+	case kPredictedHandoff:
+		e.PredictedHandoff, err = p.int64Field("predicted_handoff_us")
+	case kTokensHeld:
+		e.TokensHeld, err = p.intField("tokens_held")
+	case kTokensPrefill:
+		e.TokensPrefill, err = p.intField("tokens_prefill")
 	case kInFlight:
 		if p.null() {
 			e.InFlight = nil

@@ -178,16 +178,41 @@ func (h *Handoff) Route() machine.Route {
 // success). Every file it made and every fd it received is gone when it
 // returns.
 func (h *Handoff) Run(ctx context.Context, m *machine.Machine, tokens []int) string {
+	return h.RunFrom(ctx, m, tokens, 0).Reason
+}
+
+// Outcome is what RunFrom did.
+type Outcome struct {
+	Reason   string        // the fallback reason, "" on success
+	Start    int           // the provider's --start (0 on the file route)
+	Provider time.Duration // the provider's run, 0 when it did not run
+	Ran      bool          // the provider ran to the end (success or not)
+}
+
+// RunFrom is Run for a slot whose cells 0..start-1 already hold tokens'
+// first start tokens (DESIGN §2b --start): on the shared route the
+// provider prefills cells start..n-1 only and adopt names all n tokens.
+// The file route always hands over the whole prompt (start is ignored).
+// The caller must know the cells hold those tokens: a wrong start is stale
+// KV.
+func (h *Handoff) RunFrom(ctx context.Context, m *machine.Machine, tokens []int, start int) Outcome {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stop := context.AfterFunc(h.drain, func() { cancel(context.Cause(h.drain)) })
 	defer stop()
 	w := &work{h: h, m: m, stem: m.ID(), ctx: ctx}
 	defer w.release() // belt and braces: cleanup already ran on every path
-	if h.cfg.Share {
-		return w.shared(ctx, tokens)
+	if !h.cfg.Share {
+		start = 0
 	}
-	return w.file(ctx, tokens)
+	start = min(max(start, 0), len(tokens))
+	w.out.Start = start
+	if h.cfg.Share {
+		w.out.Reason = w.shared(ctx, tokens, start)
+	} else {
+		w.out.Reason = w.file(ctx, tokens)
+	}
+	return w.out
 }
 
 // NewRequestID draws a request id: "r" and 16 hex digits. It is also the
@@ -242,6 +267,7 @@ type work struct {
 	mem   []*os.File // sealed memfds: tokens and layout
 	clean event.Cleanup
 	done  bool
+	out   Outcome
 }
 
 func (w *work) path(ext string) string { return filepath.Join(w.h.cfg.SlotDir, w.stem+ext) }
@@ -377,6 +403,7 @@ func (w *work) file(ctx context.Context, tokens []int) string {
 	state := w.stem + ".bin"
 	job := &Job{Route: machine.RouteFile, Tokens: tokens, TokensFile: tf, Model: w.h.cfg.Model, State: w.path(".bin")}
 	res, err := w.h.prov.Prefill(ctx, job)
+	w.ran(res)
 	if err != nil {
 		return w.fallback(machine.StepProvider, err, providerExit(res), 0)
 	}
@@ -398,7 +425,13 @@ type received struct {
 	err error
 }
 
-func (w *work) shared(ctx context.Context, tokens []int) string {
+// ran records the provider's run in the outcome.
+func (w *work) ran(res provider.Result) {
+	w.out.Provider = res.Duration
+	w.out.Ran = res.ExitCode >= 0
+}
+
+func (w *work) shared(ctx context.Context, tokens []int, start int) string {
 	cfg := w.h.cfg
 	if err := ctx.Err(); err != nil {
 		return w.fallback(machine.StepListen, err, nil, 0)
@@ -466,8 +499,9 @@ func (w *work) shared(ctx context.Context, tokens []int) string {
 		return w.fallback(machine.StepTokens, fmt.Errorf("cannot pass the layout to the provider: %w", err), nil, 0)
 	}
 	job := &Job{Route: machine.RouteShared, Tokens: tokens, TokensFile: tf, Model: cfg.Model,
-		Layout: r.msg.Raw, LayoutFile: lf, Regions: r.msg.Files}
+		Layout: r.msg.Raw, LayoutFile: lf, Regions: r.msg.Files, Start: start}
 	res, err := w.h.prov.Prefill(ctx, job)
+	w.ran(res)
 	if err != nil {
 		return w.fallback(machine.StepProvider, err, providerExit(res), 0)
 	}

@@ -55,6 +55,39 @@ func (p *Pool) Acquire(ctx context.Context) (int, error) {
 		p.mu.Unlock()
 		return s, nil
 	}
+	return p.wait(ctx)
+}
+
+// AcquireBest is Acquire choosing among the free slots the one with the
+// highest score (the prefix of the prompt it holds, package planner); ties
+// go to the least recently used slot, so that a slot holding a recent
+// conversation is the last to be reused for another. A waiter is served
+// FIFO with whichever slot is released first (it gets score 0 there at
+// worst: a full handoff, never a wrong one). score runs under the pool's
+// lock: it must be quick and must not call the pool.
+func (p *Pool) AcquireBest(ctx context.Context, score func(slot int) int) (int, error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return -1, ErrClosed
+	}
+	if len(p.free) > 0 {
+		best, bestScore := 0, -1
+		for i, s := range p.free { // free[0] is the least recently released
+			if sc := score(s); sc > bestScore {
+				best, bestScore = i, sc
+			}
+		}
+		s := p.free[best]
+		p.free = append(p.free[:best], p.free[best+1:]...)
+		p.mu.Unlock()
+		return s, nil
+	}
+	return p.wait(ctx)
+}
+
+// wait queues for a slot; p.mu is held on entry and released.
+func (p *Pool) wait(ctx context.Context) (int, error) {
 	if len(p.waiters) >= p.maxQueue {
 		p.mu.Unlock()
 		return -1, ErrQueueFull
