@@ -4,7 +4,8 @@
 // --api-key --api-key-file; --host PATH.sock listens on a unix socket) plus
 // the sim's own (--recurrent --chunk-size --cell-size --n-layer
 // --loading-delay --token-delay --lax-share-id --compact
-// --prompt-ms-per-token), prints "onebit-decoder-sim listening on
+// --prompt-ms-per-token; --fault-from-prompt --fault-delay for the soak
+// test), prints "onebit-decoder-sim listening on
 // http://HOST:PORT" (or "unix://PATH") to stderr once serving, and shuts down
 // gracefully on SIGTERM or SIGINT.
 package main

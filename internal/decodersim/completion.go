@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/onebitd/onebitd/internal/simfault"
 	"github.com/onebitd/onebitd/internal/simkv"
 )
 
@@ -83,6 +84,14 @@ func (s *Server) serveGen(w http.ResponseWriter, r *http.Request, rt route) {
 	if e != nil {
 		writeError(w, e)
 		return
+	}
+	p.tokenDelay = s.cfg.TokenDelay
+	switch s.tokensFault(p.prompt) {
+	case simfault.Gen500:
+		writeError(w, apiErr(errServer, "simulated server error (fault gen-500)"))
+		return
+	case simfault.GenSlow:
+		p.tokenDelay = genSlowTokenDelay
 	}
 	want := -1
 	if req.IDSlot != nil {

@@ -40,14 +40,17 @@ type Config struct {
 	APIKeys          []string      // --api-key (comma-separated) and --api-key-file (one a line)
 	Compact          bool          // --compact: cells, state files hold layer 0's records only (small, fast tests)
 	PromptMsPerToken float64       // --prompt-ms-per-token: simulated prompt evaluation time per token
+	FaultFromPrompt  bool          // --fault-from-prompt: TEST SWITCH, a prompt's FAULT:<name> marker injects that fault (internal/simfault)
+	FaultDelay       time.Duration // --fault-delay: how long the share-slow fault waits before it connects
 }
 
 // Defaults that are not llama-server's.
 const (
-	DefaultChunkSize = 1 << 30 // 1 GiB, the fork's largest region
-	defaultNCtxTrain = 4096    // what -c 0 means for the sim model
-	maxNCtx          = 1 << 22
-	maxNLayer        = 1024
+	DefaultChunkSize  = 1 << 30         // 1 GiB, the fork's largest region
+	DefaultFaultDelay = 2 * time.Second // --fault-delay
+	defaultNCtxTrain  = 4096            // what -c 0 means for the sim model
+	maxNCtx           = 1 << 22
+	maxNLayer         = 1024
 )
 
 // KV cache types llama.cpp accepts for -ctk/-ctv.
@@ -66,6 +69,7 @@ func DefaultConfig() Config {
 		CacheTypeK: "f16",
 		CacheTypeV: "f16",
 		ChunkSize:  DefaultChunkSize,
+		FaultDelay: DefaultFaultDelay,
 		CellSize:   simkv.DefaultCellSize,
 		NLayer:     simkv.DefaultNLayer,
 	}
@@ -115,6 +119,8 @@ func ParseArgs(args []string, out io.Writer) (Config, error) {
 	fs.BoolVar(&c.ShareNoSend, "share-no-connect", false, "TEST SWITCH: share answers with a share_id but never connects to the socket")
 	fs.BoolVar(&c.Compact, "compact", false, "write, save and restore layer 0's records only, not full cells (fast tests; not llama-server's costs)")
 	fs.Float64Var(&c.PromptMsPerToken, "prompt-ms-per-token", 0, "spend at least this long per evaluated prompt token (reported in timings.prompt_ms)")
+	fs.BoolVar(&c.FaultFromPrompt, "fault-from-prompt", false, "TEST SWITCH: a prompt's FAULT:<name> marker injects that fault into its request (see internal/simfault)")
+	fs.DurationVar(&c.FaultDelay, "fault-delay", c.FaultDelay, "with --fault-from-prompt: how long a share-slow share waits before it connects")
 	fs.Func("api-key", "API keys, comma-separated: every endpoint but /health and the model list needs one", func(s string) error {
 		c.APIKeys = append(c.APIKeys, splitKeys(s)...)
 		return nil
@@ -196,7 +202,7 @@ func (c *Config) Validate() error {
 		return bad("--n-layer %d is outside [1, %d]", c.NLayer, maxNLayer)
 	case c.ChunkSize < pageSize:
 		return bad("--chunk-size %d is smaller than a page (%d)", c.ChunkSize, pageSize)
-	case c.LoadingDelay < 0 || c.TokenDelay < 0 || c.PromptMsPerToken < 0 || c.PromptMsPerToken > 1e6:
+	case c.LoadingDelay < 0 || c.TokenDelay < 0 || c.FaultDelay < 0 || c.PromptMsPerToken < 0 || c.PromptMsPerToken > 1e6:
 		return bad("delays must not be negative")
 	}
 	if c.CellSize <= 0 || c.CellSize%(2*c.NLayer) != 0 {

@@ -71,6 +71,19 @@
 // lax decoder). --recurrent makes share and adopt answer 501 "no shareable
 // region".
 //
+// # Per-request faults
+//
+// --fault-from-prompt (a TEST SWITCH, for the soak test) injects the fault
+// that a prompt names with a "FAULT:<name>" marker (package simfault): a
+// completion's prompt gen-500 (500 before generating) or gen-slow (100 ms
+// per token); an adopt's tokens adopt-refused (the share_id refusal); and
+// the share or restore after the /tokenize of a prompt naming dec-500,
+// dec-501, share-slow (wait --fault-delay, default 2s, then connect),
+// share-no-connect, share-extra-fds (fdpass.MaxFDs fds) or share-garbage (a
+// header that is not JSON). Every /tokenize re-arms (or disarms) that
+// fault; a share or restore takes it once. Exact per-request attribution of
+// those needs one request at a time per simulator.
+//
 // # Access control and request bodies
 //
 // As llama-server: --api-key KEY[,KEY…] and --api-key-file FILE (one key a

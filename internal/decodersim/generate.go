@@ -25,6 +25,7 @@ type genParams struct {
 	nPredict    int // -1: until EOS or defaultNPredict; 0: evaluate the prompt only
 	cachePrompt bool
 	stop        []string
+	tokenDelay  time.Duration // per generated token: --token-delay, or the gen-slow fault's
 }
 
 // genResult is the outcome of one completion.
@@ -95,7 +96,7 @@ func (srv *Server) generate(ctx context.Context, s *slot, p genParams, emit emit
 	var text strings.Builder
 	sent := 0 // bytes of text already emitted
 	for {
-		if err := srv.tokenDelay(ctx); err != nil {
+		if err := tokenDelay(ctx, p.tokenDelay); err != nil {
 			return srv.finish(res, s, text.String(), t1), err
 		}
 		tok := srv.nextToken(s, len(s.tokens))
@@ -164,12 +165,12 @@ func (srv *Server) spend(ctx context.Context, t0 time.Time, ms float64) error {
 	}
 }
 
-// tokenDelay sleeps --token-delay, or less if ctx ends.
-func (srv *Server) tokenDelay(ctx context.Context) error {
-	if srv.cfg.TokenDelay <= 0 {
+// tokenDelay sleeps d (--token-delay), or less if ctx ends.
+func tokenDelay(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
 		return ctx.Err()
 	}
-	t := time.NewTimer(srv.cfg.TokenDelay)
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:

@@ -143,6 +143,9 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	var toks []int
 	if req.Content != nil {
 		toks = simkv.Tokenize(*req.Content, req.AddSpecial)
+		s.armFault(*req.Content)
+	} else {
+		s.armFault("")
 	}
 	if !req.WithPieces {
 		writeJSON(w, http.StatusOK, map[string]any{"tokens": nonNil(toks)})

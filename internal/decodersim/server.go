@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/onebitd/onebitd/internal/jsonexact"
+	"github.com/onebitd/onebitd/internal/simfault"
 	"github.com/onebitd/onebitd/internal/simkv"
 )
 
@@ -56,6 +57,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	adopted   map[int64]bool // share ids adopted so far
+	armed     simfault.Fault // --fault-from-prompt: the next share or restore's fault
 	inflight  sync.WaitGroup // running handlers; Close waits for them
 	closed    atomic.Bool
 	closeOnce sync.Once

@@ -13,6 +13,7 @@ import (
 
 	"github.com/onebitd/onebitd/decoder"
 	"github.com/onebitd/onebitd/fdpass"
+	"github.com/onebitd/onebitd/internal/simfault"
 	"github.com/onebitd/onebitd/internal/simkv"
 )
 
@@ -204,6 +205,9 @@ func (s *Server) slotRestore(r *http.Request, id int) (any, *apiError) {
 	if e != nil {
 		return nil, e
 	}
+	if e := slotActionFault(s.takeFault(), "restore"); e != nil {
+		return nil, e
+	}
 	sl, err := s.sched.acquire(r.Context(), id, nil)
 	if err != nil {
 		return nil, apiErr(errServer, "request cancelled while waiting for slot %d", id)
@@ -318,6 +322,10 @@ func (s *Server) slotShare(r *http.Request, id int) (any, *apiError) {
 	case !filepath.IsAbs(*body.Socket):
 		return nil, apiErr(errInvalidRequest, "socket must be an absolute path, got %q", *body.Socket)
 	}
+	fault := s.takeFault()
+	if e := slotActionFault(fault, "share"); e != nil {
+		return nil, e
+	}
 	sl, err := s.sched.acquire(r.Context(), id, nil)
 	if err != nil {
 		return nil, apiErr(errServer, "request cancelled while waiting for slot %d", id)
@@ -341,7 +349,10 @@ func (s *Server) slotShare(r *http.Request, id int) (any, *apiError) {
 	if err != nil {
 		return nil, apiErr(errServer, "unable to share slot %d: %v", id, err)
 	}
-	if s.cfg.ShareNoSend { // TEST SWITCH: a decoder that says it shared but never connected
+	if fault == simfault.ShareSlow {
+		sleepFault(s.cfg.FaultDelay)
+	}
+	if s.cfg.ShareNoSend || fault == simfault.ShareNoConnect { // TEST SWITCH: a decoder that says it shared but never connected
 		sl.truncate(0)
 		shareID := s.shareSeq.Add(1)
 		sl.share = shareState{last: shareID}
@@ -354,6 +365,7 @@ func (s *Server) slotShare(r *http.Request, id int) (any, *apiError) {
 	}
 	defer conn.Close()
 	fds := s.kv.fds()
+	raw, fds = shareFaultMessage(fault, raw, fds)
 	// From here on the peer may hold the fds: the slot's cached tokens and
 	// any earlier share are void whatever happens.
 	sl.truncate(0)
@@ -391,6 +403,9 @@ func (s *Server) slotAdopt(r *http.Request, id int) (any, *apiError) {
 	toks, shareID, layoutHash, e := readAdopt(r, s.cfg.LaxShareID)
 	if e != nil {
 		return nil, e
+	}
+	if s.tokensFault(toks) == simfault.AdoptRefused {
+		return nil, apiErr(errInvalidRequest, "share_id %d is not the pending share of slot %d", shareID, id)
 	}
 	if len(toks) > s.kv.slotCells {
 		return nil, exceedContext(len(toks), s.kv.slotCells)
