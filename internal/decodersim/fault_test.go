@@ -14,7 +14,9 @@ import (
 )
 
 // faultPrompt is a prompt that names f.
-func faultPrompt(f simfault.Fault) string { return " the cache of " + simfault.Marker(f) + " the slot and the decoder" }
+func faultPrompt(f simfault.Fault) string {
+	return " the cache of " + simfault.Marker(f) + " the slot and the decoder"
+}
 
 // armed tokenizes a prompt naming f, as onebitd does before a handoff.
 func armed(t *testing.T, s *simServer, f simfault.Fault) {

@@ -29,11 +29,11 @@ type Fault string
 const (
 	None Fault = ""
 
-	ProvFail          Fault = "prov-fail"           // the provider fails before doing anything (exit 1 / ok false)
-	ProvHang          Fault = "prov-hang"           // the provider blocks until killed
-	ProvSlow          Fault = "prov-slow"           // the provider sleeps its --fault-delay first, then succeeds
+	ProvFail          Fault = "prov-fail"            // the provider fails before doing anything (exit 1 / ok false)
+	ProvHang          Fault = "prov-hang"            // the provider blocks until killed
+	ProvSlow          Fault = "prov-slow"            // the provider sleeps its --fault-delay first, then succeeds
 	ProvWriteThenFail Fault = "prov-write-then-fail" // the provider writes everything, then fails
-	ProvKeepWriting   Fault = "prov-keep-writing"   // the provider writes, then keeps writing until killed
+	ProvKeepWriting   Fault = "prov-keep-writing"    // the provider writes, then keeps writing until killed
 
 	Dec500         Fault = "dec-500"          // the next share or restore answers 500 server_error
 	Dec501         Fault = "dec-501"          // the next share or restore answers 501 not_supported_error
