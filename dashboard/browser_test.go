@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -382,6 +383,61 @@ func TestBrowserMixedRun(t *testing.T) {
 		}
 		if err := os.WriteFile(filepath.Join("..", "docs", "dashboard.png"), b, 0o644); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// TestBrowserAPIKeyLogin: with API keys on, the page asks for a key (a
+// browser's EventSource cannot send an Authorization header), a wrong key is
+// refused, the right one opens a session cookie and the rows come; the API
+// without the cookie or a key header is 401.
+func TestBrowserAPIKeyLogin(t *testing.T) {
+	h, url := newServer(t, Config{CheckKey: func(k string) bool { return k == "s3cret" }})
+	feedLog(t, h)
+	for _, c := range []struct {
+		path, header string
+		want         int
+	}{
+		{"/api/events", "", 401},
+		{"/api/requests/req-plain", "", 401},
+		{"/api/requests/req-plain", "Bearer wrong", 401},
+		{"/api/requests/req-plain", "Bearer s3cret", 200},
+		{"/ui/", "", 200},
+	} {
+		req, _ := http.NewRequest("GET", url+c.path, nil)
+		if c.header != "" {
+			req.Header.Set("Authorization", c.header)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("GET %s (Authorization %q) = %d, want %d", c.path, c.header, resp.StatusCode, c.want)
+		}
+	}
+	p := browsertest.Open(t, url+"/ui/", "#login")
+	p.Do(chromedp.SendKeys(chromedp.CSS("#login-key"), "wrong"),
+		chromedp.Click(chromedp.CSS("#login-submit")),
+		chromedp.WaitVisible(chromedp.CSS("#login-error")))
+	if got := p.Text("#login-error"); !strings.Contains(got, "Invalid API Key") {
+		t.Errorf("login error %q", got)
+	}
+	p.Eval(`(document.getElementById('login-key').value = '', 0)`)
+	p.Do(chromedp.SendKeys(chromedp.CSS("#login-key"), "s3cret"),
+		chromedp.Click(chromedp.CSS("#login-submit")))
+	obtest.WaitFor(t, 5*time.Second, "logged in", func() bool {
+		return p.Eval(`document.getElementById('login').hidden ? 1 : 0`) == 1
+	})
+	p.Do(chromedp.WaitVisible(chromedp.CSS("#conn.on")),
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-request="req-plain"]`)))
+	p.Shot("logged-in")
+	// 401s of the probe before the login are the browser's own log lines;
+	// anything else is an error of the page.
+	for _, e := range p.ConsoleErrors() {
+		if !strings.Contains(e, "401") {
+			t.Errorf("console: %s", e)
 		}
 	}
 }

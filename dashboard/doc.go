@@ -12,6 +12,15 @@
 //	                         --request ID` prints, for every node that had that id; 404 once the
 //	                         request left the hub's memory (then use replay on the event log)
 //
+//	GET /api/session         204 when the API may be read, 401 when a key is wanted
+//	POST /api/session        form field key: opens a session (cookie onebitd_dashboard,
+//	                         HttpOnly, SameSite=Strict, 12h) when Config.CheckKey accepts it
+//
+// With Config.CheckKey set (API keys on), /api/* needs the session cookie
+// or the key in "Authorization: Bearer KEY" / "X-Api-Key: KEY" (scripts);
+// the page (/ui/, static files without data) stays open and asks for the
+// key, because a browser's EventSource cannot send an Authorization header.
+//
 // The page finds the API relative to its own URL, so the handler can be
 // mounted under any prefix (StripPrefix) as long as /ui/ and /api/ share it.
 //

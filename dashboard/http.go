@@ -1,8 +1,11 @@
 package dashboard
 
 import (
+	"crypto/rand"
 	"embed"
+	"encoding/hex"
 	"encoding/json"
+	"io"
 	"io/fs"
 	"net/http"
 	"strconv"
@@ -34,9 +37,120 @@ func (h *Hub) Handler() http.Handler {
 		w.Header().Set("Cache-Control", "no-cache")
 		files.ServeHTTP(w, r)
 	}))
-	mux.HandleFunc("GET /api/events", h.serveEvents)
-	mux.HandleFunc("GET /api/requests/{id}", h.serveRequest)
+	mux.Handle("GET /api/events", h.guard(http.HandlerFunc(h.serveEvents)))
+	mux.Handle("GET /api/requests/{id}", h.guard(http.HandlerFunc(h.serveRequest)))
+	mux.Handle("GET /api/session", h.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	})))
+	mux.HandleFunc("POST /api/session", h.login)
 	return mux
+}
+
+// Sessions of the page when Config.CheckKey is set.
+const (
+	sessionCookie = "onebitd_dashboard"
+	sessionTTL    = 12 * time.Hour
+	maxSessions   = 256
+	maxLoginBody  = 4 << 10
+)
+
+// presentedKey is a script's key: "Authorization: Bearer KEY" (any case of
+// the scheme), else "X-Api-Key: KEY", as llama-server and onebitd's front
+// read it.
+func presentedKey(hd http.Header) string {
+	k := hd.Get("Authorization")
+	if k == "" {
+		k = hd.Get("X-Api-Key")
+	}
+	if len(k) >= len("bearer ") && strings.EqualFold(k[:len("bearer ")], "bearer ") {
+		k = k[len("bearer "):]
+	}
+	return k
+}
+
+// authorized reports whether r may read the API.
+func (h *Hub) authorized(r *http.Request) bool {
+	if h.cfg.CheckKey == nil {
+		return true
+	}
+	if c, err := r.Cookie(sessionCookie); err == nil && c.Value != "" {
+		h.mu.Lock()
+		exp, ok := h.sessions[c.Value]
+		if ok && time.Now().After(exp) {
+			delete(h.sessions, c.Value)
+			ok = false
+		}
+		h.mu.Unlock()
+		if ok {
+			return true
+		}
+	}
+	k := presentedKey(r.Header)
+	return k != "" && h.cfg.CheckKey(k)
+}
+
+func unauthorized(w http.ResponseWriter) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="onebitd"`)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusUnauthorized)
+	_, _ = io.WriteString(w, `{"error":{"code":401,"message":"Invalid API Key","type":"authentication_error"}}`+"\n")
+}
+
+func (h *Hub) guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !h.authorized(r) {
+			unauthorized(w)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// login is POST /api/session with the form field key: a key CheckKey
+// accepts opens a session (an HttpOnly, SameSite=Strict cookie of 32 random
+// bytes, valid sessionTTL).
+func (h *Hub) login(w http.ResponseWriter, r *http.Request) {
+	if h.cfg.CheckKey == nil {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxLoginBody)
+	if err := r.ParseForm(); err != nil {
+		http.Error(w, "bad form", http.StatusBadRequest)
+		return
+	}
+	key := r.PostForm.Get("key")
+	if key == "" || !h.cfg.CheckKey(key) {
+		unauthorized(w)
+		return
+	}
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		http.Error(w, "no randomness", http.StatusInternalServerError)
+		return
+	}
+	token := hex.EncodeToString(b[:])
+	now := time.Now()
+	h.mu.Lock()
+	for t, exp := range h.sessions {
+		if now.After(exp) {
+			delete(h.sessions, t)
+		}
+	}
+	if len(h.sessions) >= maxSessions {
+		var oldest string
+		for t, exp := range h.sessions {
+			if oldest == "" || exp.Before(h.sessions[oldest]) {
+				oldest = t
+			}
+		}
+		delete(h.sessions, oldest)
+	}
+	h.sessions[token] = now.Add(sessionTTL)
+	h.mu.Unlock()
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: token, Path: "/", MaxAge: int(sessionTTL / time.Second),
+		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (h *Hub) serveRequest(w http.ResponseWriter, r *http.Request) {

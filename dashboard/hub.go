@@ -48,6 +48,11 @@ type Config struct {
 	StatsInterval time.Duration // stats frame period (while something changed)
 	Heartbeat     time.Duration // SSE comment period, keeps proxies from closing the stream
 	Logger        *slog.Logger  // nil: discard
+	// CheckKey, if set, guards /api/*: a request passes with a session
+	// cookie from POST /api/session, or with a key CheckKey accepts in
+	// "Authorization: Bearer KEY" or "X-Api-Key: KEY" (scripts). The page
+	// itself (/ui/, no data) stays open and asks for the key. nil: open.
+	CheckKey func(key string) bool
 }
 
 func (c Config) withDefaults() Config {
@@ -156,6 +161,7 @@ type Hub struct {
 	version  uint64 // bumped by every change that a stats frame shows
 	clients  map[*client]struct{}
 	natsDrop func() uint64
+	sessions map[string]time.Time // session token → expiry
 }
 
 var _ event.Sink = (*Hub)(nil)
@@ -164,14 +170,15 @@ var _ event.Sink = (*Hub)(nil)
 func NewHub(cfg Config) *Hub {
 	cfg = cfg.withDefaults()
 	return &Hub{
-		cfg:     cfg,
-		epoch:   event.NewBoot()[:8],
-		done:    make(chan struct{}),
-		reqs:    make(map[reqKey]*request),
-		routes:  make(map[string]map[string]uint64),
-		reasons: make(map[reasonKey]uint64),
-		nodes:   make(map[string]*nodeStats),
-		clients: make(map[*client]struct{}),
+		cfg:      cfg,
+		epoch:    event.NewBoot()[:8],
+		done:     make(chan struct{}),
+		reqs:     make(map[reqKey]*request),
+		routes:   make(map[string]map[string]uint64),
+		reasons:  make(map[reasonKey]uint64),
+		nodes:    make(map[string]*nodeStats),
+		clients:  make(map[*client]struct{}),
+		sessions: make(map[string]time.Time),
 	}
 }
 

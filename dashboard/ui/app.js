@@ -365,21 +365,66 @@
     c.textContent = on ? 'live' : 'reconnecting…';
     c.className = 'conn ' + (on ? 'on' : 'off');
   }
-  const es = new EventSource(base + 'api/events');
-  es.onopen = function () { setConn(true); };
-  es.onerror = function () { setConn(false); };
-  es.addEventListener('snapshot', function (m) {
-    const s = JSON.parse(m.data);
-    reset();
-    for (const evs of s.requests || []) for (const e of evs) apply(e, false);
-    lifecycle = (s.lifecycle || []).slice(-MAX_LIFECYCLE);
-    points = (s.points || []).slice(-MAX_POINTS);
-    pointsDirty = true;
-    stats = s.stats;
-    setConn(true);
-    schedule();
+  let es = null;
+  function connect() {
+    if (es) es.close();
+    es = new EventSource(base + 'api/events');
+    es.onopen = function () { setConn(true); };
+    es.onerror = function () {
+      setConn(false);
+      // EventSource retries by itself, unless the server said 401: then
+      // the session is gone and the page asks for the key again.
+      checkSession();
+    };
+    es.addEventListener('snapshot', function (m) {
+      const s = JSON.parse(m.data);
+      reset();
+      for (const evs of s.requests || []) for (const e of evs) apply(e, false);
+      lifecycle = (s.lifecycle || []).slice(-MAX_LIFECYCLE);
+      points = (s.points || []).slice(-MAX_POINTS);
+      pointsDirty = true;
+      stats = s.stats;
+      setConn(true);
+      schedule();
+    });
+    es.addEventListener('ev', function (m) { apply(JSON.parse(m.data), true); });
+    es.addEventListener('stats', function (m) { stats = JSON.parse(m.data); schedule(); });
+  }
+
+  // ---- API key (only when the server asks for one) ----
+  function askKey() {
+    if (es) { es.close(); es = null; }
+    $('login').hidden = false;
+    $('conn').textContent = 'needs an API key';
+    $('conn').className = 'conn off';
+    $('login-key').focus();
+  }
+  function checkSession(then) {
+    fetch(base + 'api/session', { credentials: 'same-origin' }).then(function (r) {
+      if (r.status === 401) askKey();
+      else if (then) then();
+    }).catch(function () { if (then) then(); });
+  }
+  $('login-form').addEventListener('submit', function (ev) {
+    ev.preventDefault();
+    const body = new URLSearchParams();
+    body.set('key', $('login-key').value);
+    fetch(base + 'api/session', { method: 'POST', body: body, credentials: 'same-origin' }).then(function (r) {
+      if (r.ok) {
+        $('login').hidden = true;
+        $('login-error').hidden = true;
+        $('login-key').value = '';
+        connect();
+        return;
+      }
+      $('login-error').textContent = r.status === 401 ? 'Invalid API Key' : 'login failed: HTTP ' + r.status;
+      $('login-error').hidden = false;
+    }).catch(function (err) {
+      $('login-error').textContent = 'login failed: ' + err;
+      $('login-error').hidden = false;
+    });
   });
-  es.addEventListener('ev', function (m) { apply(JSON.parse(m.data), true); });
-  es.addEventListener('stats', function (m) { stats = JSON.parse(m.data); schedule(); });
+
+  checkSession(connect);
   showTimeline();
 })();
