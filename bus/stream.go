@@ -188,6 +188,21 @@ const (
 // yields a non-nil error naming its stream sequence, and iteration goes on
 // if the consumer wants; a connection or consumer error ends it.
 func StreamEvents(ctx context.Context, c Client, stream string) func(yield func(event.Event, error) bool) {
+	return StreamEventsOf(ctx, c, stream, "")
+}
+
+// NodeSubjects are the subjects of node's events: what StreamEventsOf and
+// a dashboard filter on to see one node.
+func NodeSubjects(node string) string { return SubjectPrefix + "." + Token(node) + ".>" }
+
+// StreamEventsOf is StreamEvents limited to the events of node (its
+// subjects, NodeSubjects; "" ⇒ every node): the server filters, so the
+// other nodes' events are not sent.
+func StreamEventsOf(ctx context.Context, c Client, stream, node string) func(yield func(event.Event, error) bool) {
+	var filter []string
+	if node != "" {
+		filter = []string{NodeSubjects(node)}
+	}
 	return func(yield func(event.Event, error) bool) {
 		if c.Name == "" {
 			c.Name = "onebitd replay"
@@ -213,8 +228,19 @@ func StreamEvents(ctx context.Context, c Client, stream string) func(yield func(
 		if s.CachedInfo().State.Msgs == 0 {
 			return
 		}
+		if filter != nil {
+			info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter[0]))
+			if err != nil {
+				yield(event.Event{}, fmt.Errorf("bus: stream %s on %s: %w", stream, redactURLs(urls), err))
+				return
+			}
+			if len(info.State.Subjects) == 0 {
+				return // no event of that node
+			}
+		}
 		cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-			DeliverPolicy: jetstream.DeliverAllPolicy,
+			FilterSubjects: filter,
+			DeliverPolicy:  jetstream.DeliverAllPolicy,
 		})
 		if err != nil {
 			yield(event.Event{}, fmt.Errorf("bus: ordered consumer on %s: %w", stream, err))
@@ -248,7 +274,9 @@ func StreamEvents(ctx context.Context, c Client, stream string) func(yield func(
 					cancel()
 					return
 				}
-				if meta.Sequence.Stream >= last {
+				// Up to the stream's last message when called; filtered,
+				// up to the last one of the node then (none pending).
+				if meta.Sequence.Stream >= last || meta.NumPending == 0 {
 					cancel()
 					return
 				}

@@ -24,9 +24,9 @@ import (
 	"github.com/onebitd/onebitd/machine"
 )
 
-const replayUsage = `usage: onebitd replay [--request ID] [--failed] [--json] FILE...
-       onebitd replay [--request ID] [--failed] [--json] --stream ONEBIT [--nats-url URLS]
-              [--nats-creds FILE | --nats-nkey FILE] [--nats-tls-ca FILE]
+const replayUsage = `usage: onebitd replay [--request ID] [--failed] [--json] [--node N] [--since T] FILE...
+       onebitd replay [--request ID] [--failed] [--json] [--node N] [--since T] --stream ONEBIT
+              [--nats-url URLS] [--nats-creds FILE | --nats-nkey FILE] [--nats-tls-ca FILE]
 
 Rebuilds every request's state machine from event logs (or a JetStream
 stream), prints timelines and audits the handoff rules (eventlog/doc.go).
@@ -35,6 +35,11 @@ stream), prints timelines and audits the handoff rules (eventlog/doc.go).
   --request ID   only that request's timeline
   --failed       only fallbacks and failed requests: reason and failing step
   --json         the selected events as JSON lines, then {"report": ...}
+  --node N       only node N's events (timelines and audit); with --stream
+                 the server sends only that node's subjects
+  --since T      print only requests that began at or after T (RFC 3339, or a
+                 duration before now: 90m); the audit still covers every event
+                 read, since a request cut in two by a time would look broken
   --stream NAME  read JetStream stream NAME (ONEBIT) instead of files, from
                  --nats-url (default ` + bus.DefaultURL + `) as --nats-creds or
                  --nats-nkey (default ./onebitd-state/` + bus.ReaderCredsFile + ` if present)
@@ -55,6 +60,8 @@ func replayMain(args []string) int {
 
 type replayConfig struct {
 	request, stream string
+	node            string
+	since           time.Time
 	failed, json    bool
 	files           []string
 	nats            *natsFlags
@@ -69,6 +76,8 @@ func parseReplayArgs(args []string, stderr io.Writer) (replayConfig, error) {
 	fs.StringVar(&c.request, "request", "", "print only this request's timeline")
 	fs.BoolVar(&c.failed, "failed", false, "print only fallbacks and failed requests")
 	fs.BoolVar(&c.json, "json", false, "JSON lines output")
+	fs.StringVar(&c.node, "node", "", "only this node's events")
+	since := fs.String("since", "", "print only requests that began at or after this time (RFC 3339, or a duration before now)")
 	c.nats = addNATSFlags(fs, bus.DefaultURL)
 	fs.StringVar(&c.stream, "stream", "", "the JetStream stream (ONEBIT)")
 	for {
@@ -80,6 +89,13 @@ func parseReplayArgs(args []string, stderr io.Writer) (replayConfig, error) {
 		}
 		c.files = append(c.files, fs.Arg(0))
 		args = fs.Args()[1:]
+	}
+	if *since != "" {
+		t, err := parseSince(*since, time.Now())
+		if err != nil {
+			return c, err
+		}
+		c.since = t
 	}
 	switch {
 	case c.request != "" && c.failed:
@@ -110,7 +126,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer, tty
 	var total int64
 	if c.stream != "" {
 		client, _ := c.nats.resolve("onebitd replay")
-		src = fromStream(c.stream, bus.StreamEvents(ctx, client, c.stream))
+		src = fromStream(c.stream, bus.StreamEventsOf(ctx, client, c.stream, c.node))
 	} else {
 		for _, f := range c.files {
 			fi, err := os.Stat(f)
@@ -125,13 +141,23 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer, tty
 
 	a := eventlog.NewAuditor()
 	found := false
+	inWindow := func(evs []event.Event) bool { return c.since.IsZero() || !evs[0].Time.Before(c.since) }
 	switch {
 	case c.failed:
 	case c.request != "":
 		a.Filter = func(id string) bool { return id == c.request }
-		a.OnRequest = func(id string, evs []event.Event) { found = true; out.timeline(id, evs) }
+		a.OnRequest = func(id string, evs []event.Event) {
+			if inWindow(evs) {
+				found = true
+				out.timeline(id, evs)
+			}
+		}
 	default:
-		a.OnRequest = out.timeline
+		a.OnRequest = func(id string, evs []event.Event) {
+			if inWindow(evs) {
+				out.timeline(id, evs)
+			}
+		}
 	}
 	var bar *progress
 	if tty && total >= progressMinBytes {
@@ -150,7 +176,10 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer, tty
 			a.SetSource(source)
 			bar.nextFile(source)
 		}
-		if c.failed && (rec.Event.Event == string(machine.EvFallback) || rec.Event.Event == string(machine.EvFail)) {
+		if c.node != "" && rec.Event.Node != c.node {
+			continue
+		}
+		if c.failed && !rec.Event.Time.Before(c.since) && (rec.Event.Event == string(machine.EvFallback) || rec.Event.Event == string(machine.EvFail)) {
 			out.failure(&rec.Event)
 		}
 		a.Add(rec.Line, rec.Event)
@@ -177,6 +206,17 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer, tty
 		return 1
 	}
 	return 0
+}
+
+// parseSince reads --since: an RFC 3339 time, or a duration before now.
+func parseSince(s string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+		return now.Add(-d), nil
+	}
+	return time.Time{}, fmt.Errorf("--since %q is neither an RFC 3339 time (2026-11-30T12:00:00Z) nor a duration (90m)", s)
 }
 
 // fromStream numbers a stream's events as lines of source name.
