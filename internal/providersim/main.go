@@ -49,7 +49,10 @@
 // until killed), --write-then-fail (do the whole write, then fail),
 // --keep-writing (do the whole write, then write a counter into the cells —
 // or the state file — every millisecond until killed: a killed provider
-// group must write nothing more).
+// group must write nothing more). --fault-from-prompt turns one of them on
+// for a job whose tokens carry a FAULT:<name> marker (package simfault:
+// prov-fail, prov-hang, prov-slow sleeping --fault-delay, default 500ms,
+// prov-write-then-fail, prov-keep-writing); used by the soak test.
 package providersim
 
 import (
@@ -66,6 +69,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/onebitd/onebitd/fdpass"
+	"github.com/onebitd/onebitd/internal/simfault"
 	"github.com/onebitd/onebitd/internal/simkv"
 )
 
@@ -91,7 +95,12 @@ type options struct {
 	fixedMs, msPerToken               float64
 	serve                             bool
 	socket                            string
+	faultFromPrompt                   bool
+	faultDelay                        time.Duration
 }
+
+// DefaultFaultDelay is how long the prov-slow fault sleeps (--fault-delay).
+const DefaultFaultDelay = 500 * time.Millisecond
 
 // Main runs the provider with args (without the program name), printing the
 // reason of a failure as the last line of stderr, and returns the exit
@@ -156,6 +165,8 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.hang, "hang", false, "fault: block until killed")
 	fs.DurationVar(&o.slow, "slow", 0, "fault: sleep this long first")
 	fs.BoolVar(&o.writeThenFail, "write-then-fail", false, "fault: write everything, then fail")
+	fs.BoolVar(&o.faultFromPrompt, "fault-from-prompt", false, "fault: a FAULT:<name> marker in the job's tokens injects prov-fail, prov-hang, prov-slow, prov-write-then-fail or prov-keep-writing into that job (internal/simfault)")
+	fs.DurationVar(&o.faultDelay, "fault-delay", DefaultFaultDelay, "with --fault-from-prompt: how long prov-slow sleeps")
 	fs.BoolVar(&o.keepWriting, "keep-writing", false, "fault: write everything, then keep writing a counter into the KV (or the state file) every millisecond until killed, never finishing")
 	if err := fs.Parse(args); err != nil {
 		return o, fmt.Errorf("%w: %v", ErrUsage, err)
@@ -165,7 +176,7 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("%w: unexpected argument %q", ErrUsage, fs.Arg(0))
 	case o.exitCode < 1 || o.exitCode > 125:
 		return o, fmt.Errorf("%w: --exit-code %d is outside 1..125", ErrUsage, o.exitCode)
-	case o.fixedMs < 0 || o.msPerToken < 0 || o.fixedMs > 1e7 || o.msPerToken > 1e6:
+	case o.fixedMs < 0 || o.msPerToken < 0 || o.fixedMs > 1e7 || o.msPerToken > 1e6 || o.faultDelay < 0:
 		return o, fmt.Errorf("%w: --fixed-ms and --ms-per-token must be non-negative", ErrUsage)
 	case o.nLayer < 1 || o.cellSize <= 0 || o.cellSize%(2*o.nLayer) != 0 || o.cellSize/(2*o.nLayer) < simkv.RecordSize:
 		return o, fmt.Errorf("%w: --cell-size %d is not a multiple of 2 x --n-layer %d of at least %d bytes per layer and kind",
@@ -204,21 +215,49 @@ func run(ctx context.Context, args []string, stderr io.Writer) (int, error) {
 		return ExitCode(err), err
 	}
 	// The fault switches come before anything is read (exit statuses and
-	// reasons of §2 do not depend on the inputs).
+	// reasons of §2 do not depend on the inputs), except a fault that the
+	// prompt names, which needs the tokens.
 	t0 := time.Now()
+	var jb *job
+	if o.faultFromPrompt {
+		if jb, err = execJob(o); err != nil {
+			return ExitCode(err), err
+		}
+		defer jb.close()
+		o = o.withPromptFault(jb.tokens)
+	}
 	if err := o.faultsBefore(ctx); err != nil {
 		return ExitFailure, err
 	}
 	if o.fail {
 		return o.exitCode, ErrSimulated
 	}
-	jb, err := execJob(o)
-	if err != nil {
-		return ExitCode(err), err
+	if jb == nil {
+		if jb, err = execJob(o); err != nil {
+			return ExitCode(err), err
+		}
+		defer jb.close()
 	}
-	defer jb.close()
 	_, err = o.runJob(ctx, jb, t0)
 	return ExitCode(err), err
+}
+
+// withPromptFault is o with the fault switch that a FAULT:<name> marker in
+// tokens names turned on (--fault-from-prompt; package simfault).
+func (o options) withPromptFault(tokens []int) options {
+	switch simfault.FromTokens(tokens) {
+	case simfault.ProvFail:
+		o.fail = true
+	case simfault.ProvHang:
+		o.hang = true
+	case simfault.ProvSlow:
+		o.slow = o.faultDelay
+	case simfault.ProvWriteThenFail:
+		o.writeThenFail = true
+	case simfault.ProvKeepWriting:
+		o.keepWriting = true
+	}
+	return o
 }
 
 // job is one prefill, from the command line or from a provjob job.

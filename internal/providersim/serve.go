@@ -76,6 +76,10 @@ func (o *options) serveConn(ctx context.Context, conn *net.UnixConn) {
 	}
 	t0 := time.Now()
 	j := &job{tokens: pj.Tokens, modelPath: pj.Model, start: pj.Start, state: pj.State, header: pj.Layout, files: files}
+	if o.faultFromPrompt {
+		po := o.withPromptFault(pj.Tokens)
+		o = &po
+	}
 	n, err := func() (int, error) {
 		defer j.close() // before the reply, on every path
 		if err := o.faultsBefore(ctx); err != nil {
