@@ -18,6 +18,7 @@ import (
 
 	"github.com/onebitd/onebitd/bus"
 	"github.com/onebitd/onebitd/dashboard"
+	"github.com/onebitd/onebitd/handlers"
 )
 
 // defaultDashboardListen is where `onebitd dashboard` serves by default.
@@ -44,6 +45,7 @@ func dashboardRun(ctx context.Context, args []string, stderr io.Writer, ready fu
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", defaultDashboardListen, "address of the dashboard's HTTP server (host:port)")
 	subject := fs.String("subject", dashboard.SubjectAll, "subject to subscribe to")
+	keyFile := fs.String("api-key-file", "", "API keys, one a line: the page asks for one, scripts send it as a Bearer token")
 	nf := addNATSFlags(fs, bus.DefaultURL)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -54,6 +56,14 @@ func dashboardRun(ctx context.Context, args []string, stderr io.Writer, ready fu
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "onebitd dashboard: unexpected argument %q\n", fs.Arg(0))
 		return 2
+	}
+	var keys []string
+	if *keyFile != "" {
+		var err error
+		if keys, err = handlers.LoadAPIKeys(*keyFile); err != nil {
+			fmt.Fprintf(stderr, "onebitd dashboard: %v\n", err)
+			return 2
+		}
 	}
 	errw := &gatedWriter{w: stderr}
 	defer errw.shut()
@@ -91,7 +101,7 @@ func dashboardRun(ctx context.Context, args []string, stderr io.Writer, ready fu
 		nc.Close()
 	}()
 
-	hub := dashboard.NewHub(dashboard.Config{Logger: log})
+	hub := dashboard.NewHub(dashboard.Config{Logger: log, CheckKey: dashboard.KeyChecker(keys)})
 	if _, err := hub.Subscribe(nc, *subject); err != nil {
 		fmt.Fprintf(errw, "onebitd dashboard: %v\n", err)
 		return 1

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -117,6 +118,7 @@ func TestDashboardCommandErrors(t *testing.T) {
 		{"help", []string{"-h"}, 0, "-listen"},
 		{"argument", []string{"extra"}, 2, `unexpected argument "extra"`},
 		{"no server", []string{"--nats-url", "nats://127.0.0.1:1"}, 1, "cannot reach NATS"},
+		{"no key file", []string{"--api-key-file", "/nonexistent/keys"}, 2, "/nonexistent/keys"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -128,5 +130,55 @@ func TestDashboardCommandErrors(t *testing.T) {
 				t.Errorf("stderr %q lacks %q", stderr.String(), tt.want)
 			}
 		})
+	}
+}
+
+// TestDashboardCommandAPIKey: with --api-key-file the API wants the key
+// (the page stays readable and asks for it).
+func TestDashboardCommandAPIKey(t *testing.T) {
+	a := openTestBus(t, bus.Config{Listen: "127.0.0.1:0", StateDir: t.TempDir()})
+	keyFile := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(keyFile, []byte("k-one\nk-two\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stderr obtest.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	urlc := make(chan string, 1)
+	done := make(chan int, 1)
+	go func() {
+		done <- dashboardRun(ctx, []string{"--listen", "127.0.0.1:0", "--nats-url", a.ClientURL(), "--nats-creds", a.ReaderCreds(),
+			"--api-key-file", keyFile}, &stderr, func(u string) { urlc <- u })
+	}()
+	var page string
+	select {
+	case page = <-urlc:
+	case code := <-done:
+		t.Fatalf("dashboard exited %d: %s", code, stderr.String())
+	}
+	base := strings.TrimSuffix(page, "ui/")
+	for _, c := range []struct {
+		path, key string
+		want      int
+	}{
+		{"api/session", "", 401}, {"api/session", "k-two", 204}, {"api/session", "k-three", 401},
+		{"api/requests/x", "k-one", 404}, {"ui/", "", 200},
+	} {
+		req, _ := http.NewRequest("GET", base+c.path, nil)
+		if c.key != "" {
+			req.Header.Set("Authorization", "Bearer "+c.key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("GET %s with key %q = %d, want %d", c.path, c.key, resp.StatusCode, c.want)
+		}
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 }
