@@ -28,12 +28,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/onebitd/onebitd/decoder"
 	"github.com/onebitd/onebitd/event"
 	"github.com/onebitd/onebitd/handoff"
 	"github.com/onebitd/onebitd/machine"
+	"github.com/onebitd/onebitd/planner"
 	"github.com/onebitd/onebitd/slots"
 )
 
@@ -88,6 +90,19 @@ type Config struct {
 	// 400 as llama-server answers it, before a provider sees it. 0: not
 	// checked.
 	NVocab int
+
+	// HandoffMode (--handoff auto|always|never) decides, with a Handoff,
+	// whether each request is handed over (package planner). The zero
+	// value is planner.ModeAlways, the behaviour before issue 13; the
+	// daemon's flag defaults to auto.
+	HandoffMode planner.Mode
+	// HandoffMinTokens (--handoff-min-tokens) is auto's static floor
+	// before the cost model has data; 0 means planner.DefaultMinTokens.
+	HandoffMinTokens int
+	// DecoderIdentity, when set, changes whenever the decoder restarts
+	// (the launched decoder's pid): every slot's remembered prefix is then
+	// forgotten before it can be used.
+	DecoderIdentity func() int
 }
 
 // Server is the HTTP front.
@@ -99,6 +114,13 @@ type Server struct {
 	log   *slog.Logger
 
 	noDeadline sync.Once // warned that the body deadline cannot be set
+
+	// With a Handoff: the cost model and, unless the slot API is exposed
+	// (then anyone may change a slot behind onebitd's back), the per-slot
+	// prefix memory.
+	plan   *planner.Model
+	mem    *planner.Memory
+	lastID atomic.Int64 // DecoderIdentity last seen
 }
 
 // New builds the front.
@@ -126,6 +148,22 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, keys: newKeySet(cfg.APIKeys), log: cfg.Logger, mux: http.NewServeMux()}
+	if cfg.Handoff != nil {
+		mode := cfg.HandoffMode
+		if mode == "" {
+			mode = planner.ModeAlways
+		}
+		if _, err := planner.ParseMode(string(mode)); err != nil {
+			return nil, err
+		}
+		s.plan = planner.NewModel(mode, cfg.HandoffMinTokens)
+		if !cfg.ExposeSlotsAPI {
+			s.mem = planner.NewMemory(cfg.Pool.Size())
+		}
+		if cfg.DecoderIdentity != nil {
+			s.lastID.Store(int64(cfg.DecoderIdentity()))
+		}
+	}
 	s.proxy = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(up)
@@ -150,8 +188,52 @@ func New(cfg Config) (*Server, error) {
 	for _, p := range []string{"/chat/completions", "/v1/chat/completions"} {
 		s.mux.Handle("POST "+p, s.completion(kindChat))
 	}
-	s.mux.Handle("/", s.proxy)
+	s.mux.Handle("/", s.proxied())
 	return s, nil
+}
+
+// proxied is the verbatim proxy. A request that may evaluate tokens into a
+// slot behind onebitd's back (any method but GET, HEAD and OPTIONS: /infill,
+// /embedding, an exposed /slots action…) forgets every slot's prefix before
+// and after it.
+func (s *Server) proxied() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.mem == nil {
+			s.proxy.ServeHTTP(w, r)
+			return
+		}
+		switch r.Method {
+		case http.MethodGet, http.MethodHead, http.MethodOptions:
+			s.proxy.ServeHTTP(w, r)
+		default:
+			s.mem.ForgetAll()
+			defer s.mem.ForgetAll()
+			s.proxy.ServeHTTP(w, r)
+		}
+	})
+}
+
+// Planner is the cost model (nil without a Handoff).
+func (s *Server) Planner() *planner.Model { return s.plan }
+
+// ForgetPrefixes forgets every slot's remembered prefix (the decoder
+// restarted, or a slot was changed behind onebitd's back).
+func (s *Server) ForgetPrefixes() {
+	if s.mem != nil {
+		s.mem.ForgetAll()
+	}
+}
+
+// checkDecoder forgets every prefix when the decoder's identity changed.
+func (s *Server) checkDecoder() {
+	if s.mem == nil || s.cfg.DecoderIdentity == nil {
+		return
+	}
+	id := int64(s.cfg.DecoderIdentity())
+	if old := s.lastID.Swap(id); old != id {
+		s.log.Info("the decoder restarted: every slot's prefix is forgotten", "old_pid", old, "pid", id)
+		s.mem.ForgetAll()
+	}
 }
 
 type kind int
@@ -220,7 +302,13 @@ func (s *Server) completion(k kind) http.Handler {
 			}
 		}
 
-		slot, err := s.cfg.Pool.Acquire(r.Context())
+		s.checkDecoder()
+		var slot int
+		if s.mem != nil && why == nil {
+			slot, err = s.cfg.Pool.AcquireBest(r.Context(), func(k int) int { return s.mem.Held(k, tokens) })
+		} else {
+			slot, err = s.cfg.Pool.Acquire(r.Context())
+		}
 		switch {
 		case errors.Is(err, slots.ErrQueueFull):
 			writeError(w, http.StatusServiceUnavailable, typeUnavailable, "all decoder slots are busy and the wait queue is full; retry later")
@@ -234,23 +322,83 @@ func (s *Server) completion(k kind) http.Handler {
 		}
 		defer s.cfg.Pool.Release(slot)
 
+		// The request is about to change what the slot holds: its memory
+		// is unconfirmed until the decoder's answer confirms it.
+		held, ticket := 0, planner.Ticket{}
+		if s.mem != nil {
+			s.checkDecoder() // a restart while the request waited for its slot
+			held, ticket = s.mem.Take(slot, tokens)
+		}
+
 		route := machine.RoutePlain
-		if s.cfg.Handoff != nil {
+		var dec *planner.Decision
+		if s.cfg.Handoff != nil && why == nil {
+			hr := s.cfg.Handoff.Route()
+			d := s.plan.Decide(len(tokens), held, hr == machine.RouteShared, string(hr))
+			dec = &d
+			if d.Choice == planner.Handoff {
+				route = hr
+			}
+		} else if s.cfg.Handoff != nil {
 			route = s.cfg.Handoff.Route()
 		}
-		m := machine.New(id, slot, route, s.cfg.Sink, log)
+		var sink event.Sink = s.cfg.Sink
+		if dec != nil {
+			sink = &decisionSink{inner: s.cfg.Sink, d: dec}
+		}
+		m := machine.New(id, slot, route, sink, log)
+		minCache := 0
 		switch {
 		case s.cfg.Handoff == nil:
 		case why != nil:
 			log.Warn("handoff fell back", "slot", slot, "step", machine.StepTokenize, "reason", why.Error())
 			m.Fire(machine.EvFallback, machine.Attrs{Reason: why.Error(), Step: machine.StepTokenize, Cleanup: &event.Cleanup{}})
+		case dec.Choice == planner.Skip:
+			minCache = dec.TokensHeld // the decoder's own cache must hold at least what we trusted
 		default:
-			s.cfg.Handoff.Run(r.Context(), m, tokens)
+			t0 := time.Now()
+			out := s.cfg.Handoff.RunFrom(r.Context(), m, tokens, dec.Start)
+			if out.Reason == "" {
+				minCache = len(tokens) - 1
+				if out.Ran {
+					prov := out.Provider.Seconds() * 1000
+					s.plan.ObserveProvider(len(tokens)-out.Start, prov)
+					s.plan.ObserveHandoff(string(route), time.Since(t0).Seconds()*1000-prov)
+				}
+			}
 		}
 		fields["id_slot"] = json.RawMessage(strconv.Itoa(slot))
 		fields["cache_prompt"] = json.RawMessage("true")
-		s.forward(w, r, m, encodeFields(fields, len(body)))
+		st, ok := s.forward(w, r, m, encodeFields(fields, len(body)))
+		if s.plan != nil && st.ok && st.promptN > 0 {
+			s.plan.ObserveDecoder(st.promptN, st.promptMs)
+		}
+		if s.mem != nil && why == nil && ok && st.holds(len(tokens), minCache) {
+			s.mem.Confirm(ticket, st.held(tokens))
+		} else if s.mem != nil && why == nil && ok && st.ok && st.cacheN < minCache {
+			log.Warn("the decoder reused less of the slot than onebitd trusted: the slot's prefix is forgotten",
+				"slot", slot, "trusted", minCache, "cache_n", st.cacheN)
+		}
 	})
+}
+
+// decisionSink puts the handoff decision on the event that leaves
+// received (issue 13), then passes every event on.
+type decisionSink struct {
+	inner event.Sink
+	d     *planner.Decision
+}
+
+func (s *decisionSink) Emit(e *event.Event) {
+	if s.d != nil && e.From == string(machine.Received) {
+		e.Decision, e.DecisionBasis = string(s.d.Choice), s.d.Basis
+		e.PredictedDecoder, e.PredictedHandoff = s.d.DecoderUS, s.d.HandoffUS
+		e.TokensHeld, e.TokensPrefill = s.d.TokensHeld, s.d.TokensPrefill
+		s.d = nil
+	}
+	if s.inner != nil {
+		s.inner.Emit(e)
+	}
 }
 
 // encodeFields writes fields as a JSON object, keys sorted (as
@@ -364,8 +512,9 @@ var hopByHop = map[string]bool{
 }
 
 // forward sends body to the decoder and copies the answer back, streaming
-// event by event. The machine ends in done or failed.
-func (s *Server) forward(w http.ResponseWriter, r *http.Request, m *machine.Machine, body []byte) {
+// event by event. The machine ends in done or failed. It returns what the
+// answer said of the prompt and whether the request ended done.
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, m *machine.Machine, body []byte) (replyStats, bool) {
 	m.Fire(machine.EvForward, machine.Attrs{})
 	w.Header().Set(HeaderRoute, string(m.Route()))
 
@@ -377,7 +526,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, m *machine.Mach
 	if err != nil {
 		s.fail(m, 0, err)
 		writeError(w, http.StatusInternalServerError, typeServer, err.Error())
-		return
+		return replyStats{}, false
 	}
 	for k, vs := range r.Header {
 		if !hopByHop[k] && k != "Content-Length" && k != "Accept-Encoding" {
@@ -389,11 +538,12 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, m *machine.Mach
 	if err != nil {
 		if r.Context().Err() != nil {
 			s.fail(m, 0, errors.New(ReasonClientGone+" before the decoder answered"))
-			return
+			return replyStats{}, false
 		}
+		s.ForgetPrefixes() // a decoder that does not answer may be restarting: trust no slot
 		s.fail(m, 0, err)
 		writeError(w, http.StatusServiceUnavailable, typeUnavailable, "decoder unavailable: "+err.Error())
-		return
+		return replyStats{}, false
 	}
 	defer resp.Body.Close()
 	h := w.Header()
@@ -409,10 +559,11 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, m *machine.Mach
 	}
 	w.WriteHeader(resp.StatusCode)
 
-	if err := s.copy(w, resp.Body, stream); err != nil {
+	tap := &replyTap{stream: stream}
+	if err := s.copy(w, io.TeeReader(resp.Body, tap), stream); err != nil {
 		if r.Context().Err() != nil {
 			s.fail(m, resp.StatusCode, errors.New(ReasonClientGone+" mid-response"))
-			return
+			return replyStats{}, false
 		}
 		if stream {
 			// Never a fake [DONE]: the stream ends with llama-server's
@@ -421,13 +572,17 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, m *machine.Mach
 			http.NewResponseController(w).Flush()
 		}
 		s.fail(m, resp.StatusCode, fmt.Errorf("decoder connection lost mid-response: %w", err))
-		return
+		return replyStats{}, false
 	}
 	if resp.StatusCode >= 500 {
 		s.fail(m, resp.StatusCode, fmt.Errorf("the decoder answered %d", resp.StatusCode))
-		return
+		return replyStats{}, false
 	}
 	m.Fire(machine.EvFinish, machine.Attrs{HTTPStatus: resp.StatusCode})
+	if resp.StatusCode != http.StatusOK {
+		return replyStats{}, false
+	}
+	return tap.stats(), true
 }
 
 func (s *Server) fail(m *machine.Machine, status int, err error) {

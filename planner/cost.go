@@ -223,17 +223,26 @@ type Decision struct {
 	Choice        Choice
 	Basis         string
 	DecoderUS     int64 // predicted decoder prefill of the tokens it does not hold, µs (0: no model yet)
-	HandoffUS     int64 // predicted provider + handoff of the same tokens, µs (0: no model yet)
-	TokensHeld    int   // prompt tokens the slot holds (confirmed prefix)
-	TokensPrefill int   // tokens to prefill: n - held
+	HandoffUS     int64 // predicted provider + handoff, µs (0: no model yet)
+	TokensHeld    int   // prompt tokens the slot holds (a confirmed prefix)
+	TokensPrefill int   // tokens the chosen side prefills: n - held when skipped, n - Start when handed over
+	Start         int   // the provider's --start when handed over: held on the incremental route, else 0
 }
 
-// Decide decides for a prompt of n tokens of which the slot holds held,
-// on route ("shared" or "file"; the file route hands over the whole prompt,
-// so pass held 0 there).
-func (m *Model) Decide(n, held int, route string) Decision {
+// Decide decides for a prompt of n tokens of which the slot holds held
+// (a confirmed prefix, at most n-1 counted). incremental says whether the
+// handoff can start at held (the shared route, DESIGN §2b --start); else
+// the provider prefills all n tokens (the file route) while the decoder,
+// skipping, still reuses its prefix. route names the handoff's overhead
+// estimate ("shared" or "file").
+func (m *Model) Decide(n, held int, incremental bool, route string) Decision {
 	held = min(max(held, 0), max(n-1, 0))
-	d := Decision{TokensHeld: held, TokensPrefill: n - held}
+	start := 0
+	if incremental {
+		start = held
+	}
+	d := Decision{TokensHeld: held}
+	decTokens, provTokens := n-held, n-start
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ready := m.dec.n >= m.MinSamples && m.prov.n >= m.MinSamples && m.dec.x > 0
@@ -243,21 +252,20 @@ func (m *Model) Decide(n, held int, route string) Decision {
 		if o := m.over[route]; o != nil && o.w > 0 {
 			over = o.y / o.w
 		}
-		k := float64(d.TokensPrefill)
-		d.DecoderUS = int64(math.Round(1000 * k * m.dec.y / m.dec.x))
-		d.HandoffUS = int64(math.Round(1000 * (a + b*k + over)))
+		d.DecoderUS = int64(math.Round(1000 * float64(decTokens) * m.dec.y / m.dec.x))
+		d.HandoffUS = int64(math.Round(1000 * (a + b*float64(provTokens) + over)))
 	}
 	switch {
 	case m.Mode == ModeNever:
 		d.Choice, d.Basis = Skip, BasisNever
 	case m.Mode == ModeAlways:
 		d.Choice, d.Basis = Handoff, BasisAlways
-	case d.TokensPrefill <= 1:
+	case decTokens <= 1:
 		d.Choice, d.Basis = Skip, BasisHeld
 	case !ready:
 		d.Basis = BasisFloor
 		d.Choice = Skip
-		if d.TokensPrefill >= m.MinTokens {
+		if decTokens >= m.MinTokens {
 			d.Choice = Handoff
 		}
 	default:
@@ -278,6 +286,11 @@ func (m *Model) Decide(n, held int, route string) Decision {
 				}
 			}
 		}
+	}
+	if d.Choice == Handoff {
+		d.Start, d.TokensPrefill = start, provTokens
+	} else {
+		d.TokensPrefill = decTokens
 	}
 	return d
 }

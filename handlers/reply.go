@@ -1,0 +1,129 @@
+package handlers
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// maxTapped bounds what replyTap keeps of a reply: a non-streamed answer
+// up to this size, a streamed one's current event.
+const maxTapped = 1 << 20
+
+// replyTap watches the decoder's answer as it is copied to the client and
+// keeps what the planner needs: the whole body of a non-streamed answer,
+// or the last event of a stream that carries "timings". Past maxTapped it
+// gives up (the reply is then "not reported", which forgets the slot).
+type replyTap struct {
+	stream   bool
+	buf      []byte // non-stream: the body; stream: the current line
+	last     []byte // stream: the last data line with timings
+	overflow bool
+}
+
+func (t *replyTap) Write(p []byte) (int, error) {
+	if t.overflow {
+		return len(p), nil
+	}
+	if !t.stream {
+		if len(t.buf)+len(p) > maxTapped {
+			t.overflow, t.buf = true, nil
+			return len(p), nil
+		}
+		t.buf = append(t.buf, p...)
+		return len(p), nil
+	}
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			if len(t.buf)+len(p) > maxTapped {
+				t.overflow, t.buf = true, nil
+				return len(p), nil
+			}
+			t.buf = append(t.buf, p...)
+			break
+		}
+		t.buf = append(t.buf, p[:i]...)
+		t.line()
+		p = p[i+1:]
+	}
+	return len(p), nil
+}
+
+func (t *replyTap) line() {
+	l := bytes.TrimSpace(t.buf)
+	if d, ok := bytes.CutPrefix(l, []byte("data:")); ok && bytes.Contains(d, []byte(`"timings"`)) {
+		t.last = append(t.last[:0], bytes.TrimSpace(d)...)
+	}
+	t.buf = t.buf[:0]
+}
+
+// replyStats is what a decoder's answer says about the slot's prompt.
+type replyStats struct {
+	ok           bool // the answer reported timings
+	promptN      int
+	cacheN       int
+	predictedN   int
+	promptMs     float64
+	tokensCached int // -1: not reported (the OpenAI shapes)
+}
+
+// stats parses what the tap kept.
+func (t *replyTap) stats() replyStats {
+	if t.overflow {
+		return replyStats{}
+	}
+	raw := t.buf
+	if t.stream {
+		if len(t.buf) > 0 { // a last line without its newline
+			t.line()
+		}
+		raw = t.last
+	}
+	var v struct {
+		TokensCached *int `json:"tokens_cached"`
+		Timings      *struct {
+			PromptN    *int     `json:"prompt_n"`
+			CacheN     *int     `json:"cache_n"`
+			PromptMs   *float64 `json:"prompt_ms"`
+			PredictedN int      `json:"predicted_n"`
+		} `json:"timings"`
+	}
+	if len(raw) == 0 || json.Unmarshal(raw, &v) != nil || v.Timings == nil ||
+		v.Timings.PromptN == nil || v.Timings.CacheN == nil || v.Timings.PromptMs == nil {
+		return replyStats{}
+	}
+	st := replyStats{ok: true, promptN: *v.Timings.PromptN, cacheN: *v.Timings.CacheN,
+		promptMs: *v.Timings.PromptMs, predictedN: v.Timings.PredictedN, tokensCached: -1}
+	if v.TokensCached != nil {
+		st.tokensCached = *v.TokensCached
+	}
+	return st
+}
+
+// holds reports whether the answer confirms that the slot now holds the n
+// prompt tokens onebitd sent: prompt_n + cache_n == n, at least minCache of
+// them reused from the cache (n-1 after a handoff, the trusted prefix when
+// skipped), and tokens_cached, where reported, prompt + generated - 1.
+func (st replyStats) holds(n, minCache int) bool {
+	if !st.ok || st.promptN+st.cacheN != n || st.cacheN < minCache || st.promptN < 1 {
+		return false
+	}
+	switch {
+	case st.tokensCached < 0:
+	case st.predictedN > 0 && st.tokensCached != n+st.predictedN-1:
+		return false
+	case st.predictedN == 0 && st.tokensCached != n-1 && st.tokensCached != n:
+		return false
+	}
+	return true
+}
+
+// held is the prompt tokens a confirmed answer leaves in the slot: all of
+// them once a token was generated (the last prompt token was evaluated to
+// produce it), else all but the last (not every build evaluates it).
+func (st replyStats) held(tokens []int) []int {
+	if st.predictedN > 0 {
+		return tokens
+	}
+	return tokens[:max(len(tokens)-1, 0)]
+}
