@@ -430,3 +430,43 @@ func TestSubscribeEventlogLost(t *testing.T) {
 		return ns != nil && ns.Events == 3 && ns.LogLost == 7 && h.bad == 1
 	})
 }
+
+// TestCounts: the replay log's requests per route and outcome (a request
+// that falls back moves from its route's in_flight to fallback), and its
+// fallback reasons with their steps.
+func TestCounts(t *testing.T) {
+	h := NewHub(Config{})
+	for _, l := range logEvents(t) {
+		if err := h.EmitJSON(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	want := map[string]map[string]uint64{
+		"shared":   {"done": 1, "failed": 1, "in_flight": 0},
+		"file":     {"done": 1, "in_flight": 1},
+		"fallback": {"done": 2, "in_flight": 0},
+		"plain":    {"done": 1, "in_flight": 0},
+	}
+	for route, outs := range want {
+		for o, n := range outs {
+			if got := h.routes[route][o]; got != n {
+				t.Errorf("%s/%s = %d, want %d", route, o, got, n)
+			}
+		}
+	}
+	if len(h.routes) != len(want) {
+		t.Errorf("routes %v", h.routes)
+	}
+	if n := h.reasons[reasonKey{"adopt", "the decoder refused the adopt: 409 share id 2 is not the slot's last share"}]; n != 1 {
+		t.Errorf("adopt reason counted %d times: %v", n, h.reasons)
+	}
+	if n := h.reasons[reasonKey{"provider", "provider exited with status 3: model file not found"}]; n != 1 {
+		t.Errorf("provider reason counted %d times: %v", n, h.reasons)
+	}
+	ns := h.nodes["node-a"]
+	if ns.Boots != 2 || ns.Gaps != 0 || ns.Decoder != "ready" || ns.Events != 33 {
+		t.Errorf("node-a %+v", ns)
+	}
+}
