@@ -351,6 +351,7 @@ func TestPipelineReport(t *testing.T) {
 			{Config: SinkLog, PerStep: Summarize(log), Runs: log},
 			{Config: SinkLogNATS, PerStep: Summarize(both), Runs: both},
 		},
+		ReplayN:   ReplayEvents,
 		ReplayCmd: Summarize(replay), ReplayInProcess: Summarize(replay), ReplayCmdRate: ReplayEvents / 0.625, ReplayInProcRate: ReplayEvents / 0.625,
 		RSSSamples: []RSSSample{{Requests: 10, RSS: 20 << 20}},
 	}

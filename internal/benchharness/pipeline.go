@@ -38,8 +38,10 @@ type PipelineResult struct {
 	// Transition is the cost of one transition (machine + events) per sink
 	// configuration, in the order of SinkConfigs.
 	Transition []TransitionRow
-	// Replay: a generated log of ReplayEvents events, by `onebitd replay`
+	// Replay: a generated log of ReplayN events (ReplayEvents × the
+	// run's scale), by `onebitd replay`
 	// (process, audit included) and by eventlog.Replay in-process.
+	ReplayN          int
 	ReplayBytes      int64
 	ReplayCmd        Summary
 	ReplayInProcess  Summary
@@ -82,7 +84,7 @@ func runPipeline(ctx context.Context, c *Config, log *slog.Logger) (*PipelineRes
 	if err := transitions(ctx, c, res); err != nil {
 		return nil, err
 	}
-	log.Info("pipeline: replay of a generated log", "events", ReplayEvents)
+	log.Info("pipeline: replay of a generated log", "events", c.count(ReplayEvents))
 	if err := replay(ctx, c, res); err != nil {
 		return nil, err
 	}
@@ -234,7 +236,8 @@ func writeReplayLog(path string, n int) (int64, error) {
 
 func replay(ctx context.Context, c *Config, res *PipelineResult) error {
 	path := filepath.Join(c.WorkDir, "replay.jsonl")
-	size, err := writeReplayLog(path, ReplayEvents)
+	n := c.count(ReplayEvents)
+	size, err := writeReplayLog(path, n)
 	if err != nil {
 		return err
 	}
@@ -255,13 +258,14 @@ func replay(ctx context.Context, c *Config, res *PipelineResult) error {
 			return err
 		}
 		inT = append(inT, time.Since(t0))
-		if !rep.OK() || rep.Events != ReplayEvents {
+		if !rep.OK() || rep.Events != n {
 			return fmt.Errorf("replay audit of the generated log: %d events, %d violations", rep.Events, len(rep.Violations))
 		}
 	}
 	res.ReplayCmd, res.ReplayInProcess = Summarize(cmdT), Summarize(inT)
-	res.ReplayCmdRate = ReplayEvents / res.ReplayCmd.Median.Seconds()
-	res.ReplayInProcRate = ReplayEvents / res.ReplayInProcess.Median.Seconds()
+	res.ReplayN = n
+	res.ReplayCmdRate = float64(n) / res.ReplayCmd.Median.Seconds()
+	res.ReplayInProcRate = float64(n) / res.ReplayInProcess.Median.Seconds()
 	return nil
 }
 

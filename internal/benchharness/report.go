@@ -215,7 +215,7 @@ func (r *Results) pipelineMarkdown(b *strings.Builder) {
 		}
 		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %d |\n", t.Config, fmtDur(t.PerStep.Median), dash(fmtCI(t.PerStep)), vs, fmtDur(t.PerStep.Max), t.Dropped)
 	}
-	fmt.Fprintf(b, "\nReplay: a generated log of %d events (%.0f MB, shared-route requests made by the machine package), %d runs; medians with their 95 %% confidence intervals.\n\n", ReplayEvents, float64(p.ReplayBytes)/1e6, replayRuns)
+	fmt.Fprintf(b, "\nReplay: a generated log of %d events (%.0f MB, shared-route requests made by the machine package), %d runs; medians with their 95 %% confidence intervals.\n\n", p.ReplayN, float64(p.ReplayBytes)/1e6, replayRuns)
 	b.WriteString("| reader | time | 95 % CI | events/s |\n|---|---:|---:|---:|\n")
 	fmt.Fprintf(b, "| `onebitd replay --failed FILE` (process: read, parse, audit) | %s | %s | %s |\n", fmtSum(p.ReplayCmd), dash(fmtCI(p.ReplayCmd)), fmtRate(p.ReplayCmdRate))
 	fmt.Fprintf(b, "| `eventlog.Replay` in-process (read, parse, audit) | %s | %s | %s |\n\n", fmtSum(p.ReplayInProcess), dash(fmtCI(p.ReplayInProcess)), fmtRate(p.ReplayInProcRate))

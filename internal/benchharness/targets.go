@@ -142,12 +142,13 @@ func (r *Results) Targets() []Target {
 				ts = append(ts, durTarget("per transition, event log + NATS on, median of runs", t.PerStep, TargetTransition))
 			}
 		}
-		rate := Target{What: "replay of a 1 M-event log (`onebitd replay`, audit included), at the median run", Measured: fmtRate(p.ReplayCmdRate),
+		rate := Target{What: fmt.Sprintf("replay of a %s-event log (`onebitd replay`, audit included), at the median run", fmtEvents(p.ReplayN)), Measured: fmtRate(p.ReplayCmdRate),
 			Goal: "≥ 1 M events/s", Met: p.ReplayCmdRate >= TargetReplay, Unsure: !p.ReplayCmd.HasCI}
 		if s := p.ReplayCmd; s.HasCI {
 			// The rate's interval is the time's, inverted.
-			rate.CI = fmtRate(ReplayEvents/s.Hi.Seconds()) + " – " + fmtRate(ReplayEvents/s.Lo.Seconds())
-			rate.Unsure = (ReplayEvents/s.Hi.Seconds() >= TargetReplay) != (ReplayEvents/s.Lo.Seconds() >= TargetReplay)
+			n := float64(p.ReplayN)
+			rate.CI = fmtRate(n/s.Hi.Seconds()) + " – " + fmtRate(n/s.Lo.Seconds())
+			rate.Unsure = (n/s.Hi.Seconds() >= TargetReplay) != (n/s.Lo.Seconds() >= TargetReplay)
 			rate.HasCI = true
 		}
 		ts = append(ts, rate)
@@ -205,6 +206,14 @@ func (h *HandoffResult) targets() []Target {
 	}
 	ts = append(ts, h.Warm.targets()...)
 	return ts
+}
+
+// fmtEvents is "1 M" for a million, else the count with spaces.
+func fmtEvents(n int) string {
+	if n%1_000_000 == 0 && n > 0 {
+		return fmt.Sprintf("%d M", n/1_000_000)
+	}
+	return fmtTokens(n)
 }
 
 // fmtTokens writes a token count with a space per thousand (12 722).
