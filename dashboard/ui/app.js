@@ -288,8 +288,8 @@
     }
     out.push(svg('text', { x: W / 2 - 30, y: H - 3 }, 'prompt tokens'));
     ['shared', 'file', 'fallback'].forEach(function (r, i) {
-      out.push(svg('circle', { cx: W - R - 150 + 55 * i, cy: T + 6, r: 3, class: 'r-' + r }));
-      out.push(svg('text', { x: W - R - 144 + 55 * i, y: T + 9 }, r));
+      out.push(svg('circle', { cx: W - R - 190 + 60 * i, cy: T + 6, r: 3, class: 'r-' + r }));
+      out.push(svg('text', { x: W - R - 184 + 60 * i, y: T + 9 }, r));
     });
     for (const p of points) {
       const route = ['shared', 'file', 'fallback', 'plain'].indexOf(p[2]) >= 0 ? p[2] : 'other';
