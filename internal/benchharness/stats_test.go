@@ -2,6 +2,7 @@ package benchharness
 
 import (
 	"errors"
+	"log/slog"
 	"math"
 	"math/bits"
 	"slices"
@@ -269,5 +270,41 @@ func TestFmtRatio(t *testing.T) {
 	}
 	if got := fmtRatioCI(Stat{N: 9, Lo: 0.0011, Hi: 0.0029, HasCI: true}); got != "0.0011 – 0.0029" {
 		t.Errorf("fmtRatioCI = %q", got)
+	}
+}
+
+// TestReportedPrefill: the warm provider's job log line gives the request
+// in flight its provider-reported prefill time; other records are ignored.
+func TestReportedPrefill(t *testing.T) {
+	calls := &callLog{}
+	log := slog.New(&reportedPrefill{log: calls}).With("path", "/bin/p")
+	log.Debug("warm provider job done", "n_tokens", 251, "prefill_ms", 8.5, "elapsed", time.Millisecond)
+	log.Info("unrelated", "prefill_ms", "not a number")
+	got := calls.take()
+	if len(got) != 1 || got[0].op != opPrefillReported || got[0].reported != 8500*time.Microsecond {
+		t.Fatalf("calls = %+v", got)
+	}
+	if _, r := sum(got, opPrefillReported); r != 8500*time.Microsecond {
+		t.Fatalf("sum = %v", r)
+	}
+}
+
+func TestWarmResult(t *testing.T) {
+	h := &HandoffResult{}
+	if w := warmResult(h, false); !strings.Contains(w.NotMeasured, "no warm provider configured") {
+		t.Errorf("without the mode: %+v", w)
+	}
+	if w := warmResult(h, true); w.NotMeasured == "" {
+		t.Errorf("no warm rows: %+v", w)
+	}
+	over := Summarize(ms(1, 1, 1, 1, 1, 1))
+	h.Rows = append(h.Rows, HandoffRow{Route: RouteSharedWarm, Tokens: HandoffSizes[0], ProviderReported: over, PrefillOverhead: over, WholeOverReported: over})
+	w := warmResult(h, true)
+	if w.NotMeasured != "" || w.Overhead != over {
+		t.Fatalf("measured: %+v", w)
+	}
+	ts := w.targets()
+	if len(ts) != 2 || ts[0].Verdict() != "met" || ts[1].Verdict() != "met" || ts[0].CI != "1.00 ms – 1.00 ms" {
+		t.Fatalf("targets: %+v", ts)
 	}
 }
