@@ -3,8 +3,10 @@
 // provider and onebitd as real processes on loopback, drives them with
 // bounded request counts, and measures in the same run:
 //
-//   - the handoff against prompt length on the file and the shared route:
-//     each phase from the event log's elapsed_us, and onebitd's own share of
+//   - the handoff against prompt length on the file and the shared route
+//     (and the shared route with a warm provider when onebitd has
+//     --provider-mode serve): each phase from the event log's elapsed_us,
+//     and onebitd's own share of
 //     it (the same code in-process, with the decoder's HTTP round trips and
 //     the provider's run timed and subtracted per request);
 //   - the plain proxy against talking to the decoder directly: latency at
