@@ -6,9 +6,9 @@
 //   - the handoff against prompt length on the file and the shared route
 //     (and the shared route with a warm provider when onebitd has
 //     --provider-mode serve): each phase from the event log's elapsed_us,
-//     and onebitd's own share of
-//     it (the same code in-process, with the decoder's HTTP round trips and
-//     the provider's run timed and subtracted per request);
+//     and onebitd's own share of it (the same code in-process, with the
+//     decoder's HTTP round trips and the provider's run timed and
+//     subtracted per request);
 //   - the plain proxy against talking to the decoder directly: latency at
 //     concurrency 1, throughput at 8 and 64, time to the first streamed byte;
 //   - the event pipeline: per-transition cost with the event log and NATS
