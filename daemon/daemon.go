@@ -32,6 +32,7 @@ import (
 	"github.com/onebitd/onebitd/handoff"
 	"github.com/onebitd/onebitd/launcher"
 	"github.com/onebitd/onebitd/machine"
+	"github.com/onebitd/onebitd/planner"
 	"github.com/onebitd/onebitd/provider"
 	"github.com/onebitd/onebitd/slots"
 )
@@ -333,6 +334,9 @@ func (d *Daemon) buildFront(ctx context.Context) error {
 		BodyTimeout:    o.BodyTimeout,
 		ExposeSlotsAPI: o.ExposeSlotsAPI,
 		NVocab:         d.nVocab,
+
+		HandoffMode:      planner.Mode(o.Handoff),
+		HandoffMinTokens: o.HandoffMinTokens,
 	}
 	if o.APIKeyFile != "" {
 		keys, err := handlers.LoadAPIKeys(o.APIKeyFile)
@@ -344,6 +348,7 @@ func (d *Daemon) buildFront(ctx context.Context) error {
 	}
 	if d.launched != nil {
 		hcfg.Ready = d.launched.Ready
+		hcfg.DecoderIdentity = d.launched.PID // a restart forgets every slot's prefix
 	}
 	d.route = machine.RoutePlain
 	if o.Provider != "" {

@@ -62,16 +62,21 @@ type Options struct {
 	Queue             int    // requests waiting for a slot before 503
 	SlotDir           string // default <StateDir>/slots
 
-	Provider        string   // prefill provider executable; "" = plain route
-	ProviderArgs    []string // extra provider arguments
-	ProviderMode    string   // ProviderModeExec or ProviderModeServe
-	KVShare         bool     // shared route instead of the file route
-	ProviderTimeout time.Duration
-	AcceptTimeout   time.Duration
-	ShareTimeout    time.Duration
-	ApplyTimeout    time.Duration
-	DecoderWait     time.Duration // waiting for an attached decoder at startup
-	DrainTimeout    time.Duration // SIGTERM drain limit
+	Provider     string   // prefill provider executable; "" = plain route
+	ProviderArgs []string // extra provider arguments
+	ProviderMode string   // ProviderModeExec or ProviderModeServe
+	KVShare      bool     // shared route instead of the file route
+	// Handoff (--handoff auto|always|never) decides per request whether
+	// the handoff pays (package planner). "" keeps the behaviour before
+	// issue 13 (always); the flag defaults to auto.
+	Handoff          string
+	HandoffMinTokens int // --handoff-min-tokens: auto's floor before the cost model has data; 0: planner.DefaultMinTokens
+	ProviderTimeout  time.Duration
+	AcceptTimeout    time.Duration
+	ShareTimeout     time.Duration
+	ApplyTimeout     time.Duration
+	DecoderWait      time.Duration // waiting for an attached decoder at startup
+	DrainTimeout     time.Duration // SIGTERM drain limit
 
 	StateDir     string
 	EventLog     string // path, or EventLogOff; default <StateDir>/events.jsonl

@@ -13,6 +13,7 @@ import (
 
 	"github.com/onebitd/onebitd/bus"
 	"github.com/onebitd/onebitd/daemon"
+	"github.com/onebitd/onebitd/planner"
 )
 
 // stringList is a repeatable flag.
@@ -35,6 +36,8 @@ func serveFlags(fs *flag.FlagSet, o *daemon.Options, logFormat, logLevel *string
 	fs.StringVar(&o.SlotDir, "slot-dir", "", "directory shared with the decoder's --slot-save-path (default <state-dir>/slots)")
 	fs.StringVar(&o.Provider, "provider", "", "prefill provider executable (none: plain route)")
 	fs.Var((*stringList)(&o.ProviderArgs), "provider-arg", "extra argument for the provider (repeatable)")
+	fs.StringVar(&o.Handoff, "handoff", string(planner.ModeAuto), "auto: hand over only when the cost model (learned online) says it pays; always: every request; never: none (plain route, with a decision)")
+	fs.IntVar(&o.HandoffMinTokens, "handoff-min-tokens", planner.DefaultMinTokens, "auto: the static floor (tokens to prefill) used before the cost model has data")
 	fs.StringVar(&o.ProviderMode, "provider-mode", daemon.DefaultProviderMode, "exec: a provider process per request; serve: one warm provider fed over a unix socket (PROVIDER --serve --socket …)")
 	fs.BoolVar(&o.KVShare, "kv-share", os.Getenv("ONEBIT_KV_SHARE") == "1", "shared route: KV regions as fds over a unix socket (env ONEBIT_KV_SHARE=1)")
 	fs.DurationVar(&o.ProviderTimeout, "provider-timeout", daemon.DefaultProviderTimeout, "provider run time limit (the process group is killed)")
