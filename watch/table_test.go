@@ -235,3 +235,46 @@ func TestPrinterEventlogLost(t *testing.T) {
 		t.Errorf("junk loss report: %v", err)
 	}
 }
+
+// FuzzTable: any payload on any subject, as a line or into a table: one
+// safe line per event, frames within the width, never a panic.
+func FuzzTable(f *testing.F) {
+	for _, e := range tableEvents() {
+		e.V = event.Version
+		f.Add("onebit.n.handoff.x", e.AppendJSON(nil), false)
+	}
+	f.Add("onebit.n.eventlog.lost", []byte(`{"node":"n\u001b[2J","total":3,"error":"a\nb"}`), true)
+	f.Add("onebit.n.eventlog.lost", []byte(`{"node":""}`), false)
+	f.Fuzz(func(t *testing.T, subject string, data []byte, table bool) {
+		var out bytes.Buffer
+		p := Printer{W: &out}
+		if table {
+			p.Table = &Table{Width: 60, Rows: 3}
+		}
+		if err := p.Message(subject, data); err != nil {
+			if !errors.Is(err, ErrPayload) {
+				t.Fatalf("unexpected error %v", err)
+			}
+			return
+		}
+		if err := p.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if out.Len() == 0 {
+			return // filtered
+		}
+		for _, l := range strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n") {
+			if table && utf8.RuneCountInString(l) > 60 {
+				t.Fatalf("line of %d columns: %q", utf8.RuneCountInString(l), l)
+			}
+			for j := 0; j < len(l); j++ {
+				if l[j] < 0x20 || l[j] == 0x7f {
+					t.Fatalf("control byte in %q", l)
+				}
+			}
+		}
+		if !table && strings.Count(out.String(), "\n") != 1 {
+			t.Fatalf("%q is not one line", out.String())
+		}
+	})
+}
