@@ -348,26 +348,22 @@ func TestStartDecoderNeverAnswers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	var conns []net.Conn
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	accepted := make(chan net.Conn)
+	held := make(chan []net.Conn, 1)
 	go func() {
+		var conns []net.Conn // held open, never answered
 		for {
 			c, err := ln.Accept()
 			if err != nil {
-				close(accepted)
+				held <- conns
 				return
 			}
-			accepted <- c
+			conns = append(conns, c)
 		}
 	}()
-	go func() {
-		for c := range accepted {
-			conns = append(conns, c) // held open, never answered
+	defer func() {
+		ln.Close()
+		for _, c := range <-held {
+			c.Close()
 		}
 	}()
 	d, err := New(Options{Listen: "127.0.0.1:0", DecoderURL: "http://" + ln.Addr().String(), StateDir: t.TempDir(),

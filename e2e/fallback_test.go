@@ -157,7 +157,7 @@ func TestFallbackPeerAndSilence(t *testing.T) {
 		if got.route != "fallback" || got.text != want.text {
 			t.Fatalf("route %s text %q want %q", got.route, got.text, want.text)
 		}
-		checkOneReason(t, e, got.reqID, "receive", "did not send the share message")
+		checkOneReason(t, e, got.reqID, "receive", "did not connect to the share socket")
 		assertClean(t, e, base)
 	})
 

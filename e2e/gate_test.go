@@ -91,14 +91,22 @@ func init() {
 				return 1
 			}
 			toks[len(toks)/2] = toks[len(toks)/2]%200 + 4 // another byte token
-			bad := args[i+1] + ".corrupt"
-			b, _ := json.Marshal(toks)
-			if err := os.WriteFile(bad, b, 0o600); err != nil {
+			// The tokens arrive as /proc/self/fd/N (a sealed memfd): the
+			// corrupt copy goes to a temp file.
+			f, err := os.CreateTemp("", "corrupt-tokens")
+			if err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				return 1
 			}
-			defer os.Remove(bad)
-			args[i+1] = bad
+			b, _ := json.Marshal(toks)
+			_, err = f.Write(b)
+			f.Close()
+			defer os.Remove(f.Name())
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			args[i+1] = f.Name()
 		}
 		if err := innerProvider(args); err != nil {
 			return 1

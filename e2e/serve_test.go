@@ -98,12 +98,28 @@ func TestBadInput(t *testing.T) {
 	if r := complete(t, e.onebitURL, epCompletion, false, prompt(5, 40), 4); r.status != 200 || r.route != "shared" {
 		t.Fatalf("after bad input: %d %s %s", r.status, r.route, r.body)
 	}
-	for _, p := range []string{"/health", "/props", "/v1/models", "/slots"} {
+	for _, p := range []string{"/props", "/v1/models"} {
 		a := get(t, e.onebitURL+p)
 		b := get(t, e.simURL+p)
-		if a.status != b.status || (p != "/slots" && a.body != b.body) {
+		if a.status != b.status || a.body != b.body {
 			t.Fatalf("%s: proxied %d %q, direct %d %q", p, a.status, a.body, b.status, b.body)
 		}
+	}
+	// /health: the decoder's answer plus onebitd's details.
+	var h struct {
+		Status  string `json:"status"`
+		Onebitd struct {
+			Route    string `json:"route"`
+			InFlight *int   `json:"in_flight"`
+		} `json:"onebitd"`
+	}
+	if a := get(t, e.onebitURL+"/health"); a.status != 200 || json.Unmarshal([]byte(a.body), &h) != nil ||
+		h.Status != "ok" || h.Onebitd.Route != "shared" || h.Onebitd.InFlight == nil {
+		t.Fatalf("/health: %d %q", a.status, a.body)
+	}
+	// The control plane is onebitd's: /slots is refused.
+	if a := get(t, e.onebitURL+"/slots"); a.status != 403 || !strings.Contains(a.body, "permission_error") {
+		t.Fatalf("/slots through onebitd: %d %q, want 403 permission_error", a.status, a.body)
 	}
 }
 
