@@ -294,7 +294,7 @@ func Classify(e *event.Event) string {
 		return false
 	}
 	switch {
-	case has("cancel", "client went away", "shutting down"):
+	case strings.HasPrefix(e.Reason, machine.ReasonClientGone) || has("cancel", "shutting down"):
 		return ClassCancelled
 	case has("timed out", "timeout", "in time", "deadline"):
 		return ClassTimeout

@@ -321,6 +321,7 @@ func TestClassify(t *testing.T) {
 		{event.Event{Step: "tokens", Reason: "open x.tokens: no space left on device"}, ClassLocalIO},
 		{event.Event{Step: "listen", Reason: "fdpass: another process is already listening on the share socket"}, ClassLocalIO},
 		{event.Event{Step: "provider", Reason: "provider: cancelled"}, ClassCancelled},
+		{event.Event{Step: "provider", Reason: machine.ReasonClientGone + " while the provider was prefilling"}, ClassCancelled},
 		{event.Event{Step: "tokenize", HTTPStatus: 503, Reason: "loading model"}, ClassDecoderError},
 		{event.Event{Step: "", Reason: "something new"}, ClassOther},
 		{event.Event{Step: "weird\nstep", Reason: ""}, ClassOther},
