@@ -39,6 +39,12 @@ const (
 	// (its shutdown line) left more requests unfinished than it said were in
 	// flight: their last events were lost.
 	RuleEventsLost = "events-lost"
+	// RuleSkipAndHandoff: a request both skipped the handoff and handed
+	// over (issue 13): its decision "skip" is followed by a handoff step
+	// (listen, share, prefill, adopt, restore) or is not the plain route's
+	// forward; a decision "handoff" is forwarded straight from received; or
+	// a decision travels on an event that does not leave received.
+	RuleSkipAndHandoff = "skip-and-handoff"
 )
 
 // Decoder lifecycle events (no request fields). A starting or exited decoder
@@ -140,6 +146,7 @@ type reqState struct {
 	shareID   *int64 // from the share event
 	nFDs      int    // fds the request received
 	fallbacks int
+	decision  string // "handoff" or "skip", from the event that left received
 	events    []event.Event
 }
 
@@ -265,6 +272,7 @@ func (a *Auditor) Add(line int, e event.Event) {
 		a.violate(line, r.id, RuleIllegalTransition, "%s from %s, but the request is in %s", e.Event, e.From, r.state)
 	}
 	r.state = to // follow the log so that one bad line gives one violation
+	a.checkDecision(line, r, &e)
 
 	switch ev {
 	case machine.EvShare:
@@ -298,6 +306,35 @@ func (a *Auditor) Add(line int, e event.Event) {
 		delete(bs.reqs, r.id)
 		bs.ended[hashID(r.id)] = struct{}{}
 		a.free = append(a.free, r)
+	}
+}
+
+// checkDecision applies RuleSkipAndHandoff, once per request.
+func (a *Auditor) checkDecision(line int, r *reqState, e *event.Event) {
+	ev := machine.Event(e.Event)
+	if e.Decision != "" {
+		bad := ""
+		switch {
+		case machine.State(e.From) != machine.Received:
+			bad = fmt.Sprintf("decision %q on %s from %s: a decision travels on the event that leaves received", e.Decision, e.Event, e.From)
+		case e.Decision == "skip" && (ev != machine.EvForward || e.Route != string(machine.RoutePlain)):
+			bad = fmt.Sprintf("decision skip, but the request left received by %s on route %s", e.Event, e.Route)
+		case e.Decision == "handoff" && ev == machine.EvForward:
+			bad = "decision handoff, but the request was forwarded straight from received"
+		}
+		r.decision = e.Decision
+		if bad != "" {
+			a.violate(line, r.id, RuleSkipAndHandoff, "%s", bad)
+			r.decision = "reported"
+		}
+		return
+	}
+	if r.decision == "skip" {
+		switch ev {
+		case machine.EvListen, machine.EvShare, machine.EvPrefill, machine.EvAdopt, machine.EvRestore:
+			a.violate(line, r.id, RuleSkipAndHandoff, "the request skipped the handoff, then %s", e.Event)
+			r.decision = "reported"
+		}
 	}
 }
 

@@ -175,6 +175,11 @@
 //     instead of as illegal-transition); and a boot whose shutdown line says
 //     fewer requests were in flight than the log leaves unfinished (their
 //     last events were lost).
+//   - skip-and-handoff (issue 13): a request never both skips the handoff
+//     and hands over. The decision travels on the event that leaves
+//     received and only there; "skip" leaves by the plain route's forward
+//     and no handoff step (listen, share, prefill, adopt, restore) follows;
+//     "handoff" does not leave by forward. Reported once per request.
 //
 // # End of a boot
 //
