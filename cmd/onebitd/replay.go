@@ -363,6 +363,15 @@ func attrs(e *event.Event) string {
 		b = append(b, '=')
 		b = append(b, v...)
 	}
+	if e.Decision != "" { // issue 13: why the request was (not) handed over
+		d := e.Decision + " (" + e.DecisionBasis
+		if e.PredictedDecoder != 0 || e.PredictedHandoff != 0 {
+			d += ", decoder " + micros(e.PredictedDecoder) + " vs handoff " + micros(e.PredictedHandoff)
+		}
+		add("decision", d+")")
+		add("held", strconv.Itoa(e.TokensHeld))
+		add("prefill", strconv.Itoa(e.TokensPrefill))
+	}
 	if e.ShareID != nil {
 		add("share_id", strconv.FormatInt(*e.ShareID, 10))
 	}
