@@ -126,3 +126,46 @@ func TestClose(t *testing.T) {
 		t.Fatalf("stats: %+v", st)
 	}
 }
+
+// TestAcquireBest: the free slot with the highest score wins; ties go to
+// the least recently released; a waiter is still served FIFO.
+func TestAcquireBest(t *testing.T) {
+	p := New(3, 1)
+	ctx := context.Background()
+	score := map[int]int{0: 0, 1: 5, 2: 5}
+	for range 3 {
+		p.Acquire(ctx)
+	}
+	for _, s := range []int{2, 1, 0} { // released 2 first: least recently used
+		p.Release(s)
+	}
+	s, err := p.AcquireBest(ctx, func(k int) int { return score[k] })
+	if err != nil || s != 2 {
+		t.Fatalf("got slot %d (%v), want 2: best score, released before 1", s, err)
+	}
+	s, _ = p.AcquireBest(ctx, func(k int) int { return score[k] })
+	if s != 1 {
+		t.Fatalf("got slot %d, want 1", s)
+	}
+	s, _ = p.AcquireBest(ctx, func(int) int { return 0 })
+	if s != 0 {
+		t.Fatalf("got slot %d, want 0", s)
+	}
+	got := make(chan int)
+	go func() {
+		s, err := p.AcquireBest(ctx, func(int) int { return 0 })
+		if err != nil {
+			t.Error(err)
+		}
+		got <- s
+	}()
+	obtest.WaitFor(t, 5*time.Second, "a waiter", func() bool { return p.Stats().Waiting == 1 })
+	p.Release(1)
+	if s := <-got; s != 1 {
+		t.Fatalf("waiter got %d", s)
+	}
+	p.Close()
+	if _, err := p.AcquireBest(ctx, func(int) int { return 0 }); !errors.Is(err, ErrClosed) {
+		t.Fatalf("closed: %v", err)
+	}
+}
