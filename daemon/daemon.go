@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/onebitd/onebitd/bus"
+	"github.com/onebitd/onebitd/dashboard"
 	"github.com/onebitd/onebitd/decoder"
 	"github.com/onebitd/onebitd/event"
 	"github.com/onebitd/onebitd/eventlog"
@@ -32,6 +33,7 @@ import (
 	"github.com/onebitd/onebitd/handoff"
 	"github.com/onebitd/onebitd/launcher"
 	"github.com/onebitd/onebitd/machine"
+	"github.com/onebitd/onebitd/metrics"
 	"github.com/onebitd/onebitd/planner"
 	"github.com/onebitd/onebitd/provider"
 	"github.com/onebitd/onebitd/slots"
@@ -66,6 +68,8 @@ type Daemon struct {
 	launched *launcher.Decoder
 	prefill  *launcher.Decoder // the prefill server (--prefill-bin)
 	warm     *provider.Warm    // --provider-mode serve
+	metrics  *metrics.Metrics
+	hub      *dashboard.Hub
 	nVocab   int
 	keys     []string // client API keys
 	dec      *decoder.Client
@@ -126,6 +130,13 @@ func (d *Daemon) Start(ctx context.Context) error {
 	} else if n > 0 {
 		d.log.Warn("removed handoff files left by an earlier run that did not stop cleanly", "slot_dir", o.SlotDir, "files", n)
 	}
+	if o.APIKeyFile != "" {
+		keys, err := handlers.LoadAPIKeys(o.APIKeyFile)
+		if err != nil {
+			return err
+		}
+		d.keys = keys
+	}
 	if err := d.openEvents(ctx); err != nil {
 		return err
 	}
@@ -147,6 +158,16 @@ func (d *Daemon) Start(ctx context.Context) error {
 		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
 	}
 	d.closers = append(d.closers, func() { d.srv.Close() })
+	if o.MetricsListen != "" {
+		mln, err := net.Listen("tcp", o.MetricsListen)
+		if err != nil {
+			return fmt.Errorf("--metrics-listen: %w", err)
+		}
+		msrv := &http.Server{Handler: handlers.RequireKey(d.keys, d.metrics.Handler()), ReadHeaderTimeout: DefaultReadHeader}
+		go msrv.Serve(mln)
+		d.closers = append(d.closers, func() { msrv.Close() })
+		d.log.Info("metrics", "listen", "http://"+mln.Addr().String()+"/metrics")
+	}
 	sim := ""
 	if d.launched != nil && strings.Contains(filepath.Base(o.DecoderBin), "decoder-sim") {
 		sim = " (the bundled decoder simulator, not a real llama-server)"
@@ -338,14 +359,7 @@ func (d *Daemon) buildFront(ctx context.Context) error {
 		HandoffMode:      planner.Mode(o.Handoff),
 		HandoffMinTokens: o.HandoffMinTokens,
 	}
-	if o.APIKeyFile != "" {
-		keys, err := handlers.LoadAPIKeys(o.APIKeyFile)
-		if err != nil {
-			return err
-		}
-		hcfg.APIKeys = keys
-		d.keys = keys
-	}
+	hcfg.APIKeys = d.keys
 	if d.launched != nil {
 		hcfg.Ready = d.launched.Ready
 		hcfg.DecoderIdentity = d.launched.PID // a restart forgets every slot's prefix
@@ -489,7 +503,42 @@ func (d *Daemon) openEvents(ctx context.Context) error {
 		}
 		log.Info("events on nats", "url", u, "subjects", "onebit.>", "watch", watch)
 	}
-	rec := event.NewRecorder(o.Node, append([]event.Sink{&d.inflight}, sinks...)...)
+	// Metrics and the dashboard read the same events, in process; both
+	// are in-memory and cheap (sinks before the log run under the
+	// recorder's lock).
+	d.metrics = metrics.New(metrics.Config{
+		SlotsBusy: func() float64 {
+			if d.pool == nil {
+				return 0
+			}
+			st := d.pool.Stats()
+			return float64(st.Slots - st.Free)
+		},
+		QueueDepth: func() float64 {
+			if d.pool == nil {
+				return 0
+			}
+			return float64(d.pool.Stats().Waiting)
+		},
+		EventsPublished: func() float64 { return float64(b.Stats().Published) },
+		EventsDropped:   func() float64 { return float64(b.Stats().Dropped) },
+		EventlogLost: func() float64 {
+			if d.elog == nil {
+				return 0
+			}
+			return float64(d.elog.Stats().Lost)
+		},
+	})
+	hcfg := dashboard.Config{Logger: log.With("component", "dashboard")}
+	if len(d.keys) > 0 {
+		hcfg.CheckKey = dashboard.KeyChecker(d.keys)
+	}
+	d.hub = dashboard.NewHub(hcfg)
+	d.closers = append(d.closers, d.hub.Close)
+	// The hub shows what the log holds: it goes after it, with the bus
+	// (persist, then publish).
+	sinks = append(sinks[:len(sinks)-1], d.hub, b)
+	rec := event.NewRecorder(o.Node, append([]event.Sink{&d.inflight, d.metrics}, sinks...)...)
 	d.rec, d.events = rec, rec
 	if d.elog != nil {
 		subject := bus.SubjectPrefix + "." + bus.Token(o.Node) + ".eventlog.lost"
@@ -498,6 +547,7 @@ func (d *Daemon) openEvents(ctx context.Context) error {
 			if err == nil {
 				b.Publish(subject, data)
 			}
+			d.hub.NoteEventlogLoss(o.Node, l.Total)
 		})
 	}
 	// A clean stop's last event says how many requests were still in

@@ -226,7 +226,9 @@ func TestDaemonRoutes(t *testing.T) {
 			if got.status != 200 || got.route != tc.route || got.content != want.content || got.promptN != 1 {
 				t.Fatalf("%s: %+v, want text %q with prompt_n 1", tc.name, got, want.content)
 			}
-			if det := s.d.HealthDetails(); det.InFlight != 0 || det.Route != tc.route || tc.mode == ProviderModeServe && det.Provider != "ok" {
+			// The finish event follows the answer: poll for it.
+			obtest.WaitFor(t, 5*time.Second, "the request out of flight", func() bool { return s.d.HealthDetails().InFlight == 0 })
+			if det := s.d.HealthDetails(); det.Route != tc.route || tc.mode == ProviderModeServe && det.Provider != "ok" {
 				t.Fatalf("health details %+v", det)
 			}
 			if err := s.stop(t); err != nil {

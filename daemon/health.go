@@ -2,17 +2,28 @@ package daemon
 
 import (
 	"context"
+
 	"encoding/json"
+	"github.com/onebitd/onebitd/handlers"
 	"net/http"
 	"time"
 )
 
 // mux is the daemon's HTTP surface: its own /health (the decoder's answer
-// with onebitd's details) in front of the handlers' front.
+// with onebitd's details), /metrics (unless --metrics-listen gives it its
+// own listener) and the dashboard (/ui/, /api/), in front of the handlers'
+// front. /metrics is behind the client API keys like the rest; the
+// dashboard's page is open and its data (/api/) asks for a key.
 func (d *Daemon) mux() http.Handler {
 	m := http.NewServeMux()
 	m.HandleFunc("GET /health", d.health)
 	m.HandleFunc("GET /v1/health", d.health)
+	if d.opts.MetricsListen == "" {
+		m.Handle("GET /metrics", handlers.RequireKey(d.keys, d.metrics.Handler()))
+	}
+	ui := d.hub.Handler()
+	m.Handle("/ui/", ui)
+	m.Handle("/api/", ui)
 	m.Handle("/", d.front)
 	return m
 }

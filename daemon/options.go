@@ -95,6 +95,10 @@ type Options struct {
 	BodyTimeout    time.Duration
 	ExposeSlotsAPI bool
 
+	// MetricsListen gives /metrics a listener of its own (else it is on
+	// Listen, behind the API keys like the rest).
+	MetricsListen string
+
 	// NATS beyond the defaults: an external server's identity and CA, and
 	// the JetStream stream's shape.
 	NATSCreds      string

@@ -56,6 +56,7 @@ func serveFlags(fs *flag.FlagSet, o *daemon.Options, logFormat, logLevel *string
 	fs.Int64Var(&o.MaxBody, "max-body", daemon.DefaultMaxBody, "largest completion request body in bytes (413 above)")
 	fs.DurationVar(&o.BodyTimeout, "body-timeout", daemon.DefaultBodyTimeout, "time a client has to send its request body once its headers arrived (408 after)")
 	fs.StringVar(&o.APIKeyFile, "api-key-file", "", "client API keys, one a line (Authorization: Bearer KEY; 401 without; /health stays open)")
+	fs.StringVar(&o.MetricsListen, "metrics-listen", "", "serve /metrics on this address of its own (default: on --listen, behind the API keys)")
 	fs.BoolVar(&o.ExposeSlotsAPI, "expose-slots-api", false, "let clients reach the decoder's /slots API (save, restore, erase, share, adopt: every slot's KV); an operator's tool, off by default (403)")
 	fs.StringVar(&o.NATSCreds, "nats-creds", "", "with --nats-url: this daemon's NATS credentials (a .creds file or an nkey seed file)")
 	fs.StringVar(&o.NATSNKey, "nats-nkey", "", "with --nats-url: this daemon's nkey seed file")
