@@ -4,7 +4,7 @@ BIN     := bin
 CMDS    := onebitd onebit-decoder-sim onebit-provider-sim onebit-prefill
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: help build test test-short bench run lint fuzz clean
+.PHONY: help build test test-short bench run lint fuzz clean soak
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -34,6 +34,11 @@ fuzz: ## run each fuzz target for 20s
 	@for t in $$(grep -rl '^func Fuzz' --include='*_test.go' . | xargs -n1 dirname | sort -u); do \
 	  for f in $$(grep -h '^func Fuzz' $$t/*_test.go | sed 's/func \(Fuzz[A-Za-z0-9_]*\).*/\1/'); do \
 	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime 20s $$t || exit 1; done; done
+
+SOAK_DURATION ?= 10m
+soak: build ## soak test: a fault per request against onebitd stacks, then the leak and audit checks (SOAK_DURATION=2m for CI; docs/RELIABILITY.md)
+	$(GO) build -o $(BIN)/onebit-soak ./cmd/onebit-soak
+	./$(BIN)/onebit-soak --bin-dir $(BIN) --duration $(SOAK_DURATION)
 
 clean: ## remove build output and the default state dir
 	rm -rf $(BIN) onebitd-state bench.out
