@@ -188,7 +188,7 @@ func newLaunchedEnv(t *testing.T, bin string, args []string) *env {
 	e.model = modelFile(t, "a")
 	all := append([]string{"serve", "--listen", "127.0.0.1:0", "--state-dir", e.stateDir, "--model", e.model,
 		"--log-format", "json", "--nats-listen", "off", "--node", "e2e", "--event-log-sync", "always",
-		"--provider-timeout", "20s"}, args...)
+		"--provider-timeout", "20s", "--handoff", "always"}, args...)
 	all = append(all, "--decoder-bin", bin, "--", "-c", "20480", "--token-delay", "5ms")
 	e.onebit, e.onebitURL = start(t, bins.onebitd, reOnebitd, all...)
 	return e

@@ -183,7 +183,8 @@ func newEnv(t *testing.T, o envOpts) *env {
 	e.sim, e.simURL = start(t, bins.sim, reSim, simArgs...)
 	args := []string{"serve", "--listen", "127.0.0.1:0", "--decoder-url", e.simURL, "--state-dir", e.stateDir,
 		"--slot-dir", e.slotDir, "--model", e.model, "--log-format", "json", "--nats-listen", "off",
-		"--node", "e2e", "--provider-timeout", "20s", "--event-log-sync", "always"}
+		"--node", "e2e", "--provider-timeout", "20s", "--event-log-sync", "always",
+		"--handoff", "always"} // these tests are about the routes: every request is handed over
 	if o.provider || o.providerBin != "" {
 		pb := bins.prov
 		if o.providerBin != "" {

@@ -16,6 +16,7 @@ if [ -n "${LLAMA_SERVER:-}" ]; then
   # shellcheck disable=SC2086
   exec bin/onebitd serve --listen "$LISTEN" --state-dir "$STATE" --model "$MODEL" \
     --decoder-bin "$LLAMA_SERVER" --prefill-bin "$PREFILL_SERVER" --prefill-provider bin/onebit-prefill \
+    --handoff "${HANDOFF:-always}" \
     -- -c "${CTX:-8192}" ${LLAMA_ARGS:-}
 fi
 MODEL=examples/sim-model.gguf
@@ -23,5 +24,5 @@ echo "onebitd: no LLAMA_SERVER given: using the bundled decoder simulator (bin/o
 echo "onebitd: shared route (--kv-share) with the sim provider; send a request with:" >&2
 echo "  curl -s http://$LISTEN/completion -d '{\"prompt\": \"the cache of the decoder\", \"n_predict\": 8}' -D - " >&2
 exec bin/onebitd serve --listen "$LISTEN" --state-dir "$STATE" --model "$MODEL" \
-  --provider bin/onebit-provider-sim --kv-share --slots 4 \
+  --provider bin/onebit-provider-sim --kv-share --slots 4 --handoff "${HANDOFF:-always}" \
   --decoder-bin bin/onebit-decoder-sim -- -c 8192
