@@ -6,6 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
+	"math"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -18,8 +21,10 @@ import (
 	"time"
 
 	"github.com/onebitd/onebitd/event"
+	"github.com/onebitd/onebitd/eventlog"
 	"github.com/onebitd/onebitd/internal/decodersim"
 	"github.com/onebitd/onebitd/internal/obtest"
+	"github.com/onebitd/onebitd/internal/simkv"
 )
 
 // Issue 13's gates: multi-turn chat on the shared route with prefix-aware
@@ -79,11 +84,15 @@ type plannerOpts struct {
 	slots    int
 	launched bool // --decoder-bin: the simulator as a supervised process
 	expose   bool // --expose-slots-api
+
+	promptMs     float64  // the decoder's prefill ms per token (--prompt-ms-per-token)
+	providerArgs []string // after --compact
+	nctx         int      // 0: 2048 per slot
 }
 
 // newPlannerStack is newStack with several slots, compact KV (fast), and
 // the issue-13 options.
-func newPlannerStack(t *testing.T, po plannerOpts) *stack {
+func newPlannerStack(t testing.TB, po plannerOpts) *stack {
 	t.Helper()
 	state := t.TempDir()
 	slotDir := filepath.Join(state, "slots")
@@ -95,6 +104,9 @@ func newPlannerStack(t *testing.T, po plannerOpts) *stack {
 		t.Fatal(err)
 	}
 	nctx := 2048 * po.slots
+	if po.nctx != 0 {
+		nctx = po.nctx
+	}
 	o := Options{
 		Listen: "127.0.0.1:0", Model: model, StateDir: state, SlotDir: slotDir, NATSListen: NATSOff,
 		Node: "test", EventLogSync: "batch", Slots: po.slots, Handoff: po.handoff, ExposeSlotsAPI: po.expose,
@@ -102,10 +114,11 @@ func newPlannerStack(t *testing.T, po plannerOpts) *stack {
 	var ts *httptest.Server
 	if po.launched {
 		o.DecoderBin = simBin
-		o.DecoderArgs = []string{"-c", strconv.Itoa(nctx), "--compact"}
+		o.DecoderArgs = []string{"-c", strconv.Itoa(nctx), "--compact", "--prompt-ms-per-token", fmt.Sprint(po.promptMs)}
 	} else {
 		cfg := decodersim.DefaultConfig()
 		cfg.ModelPath, cfg.NCtx, cfg.NParallel, cfg.SlotSavePath, cfg.Compact = model, nctx, po.slots, slotDir, true
+		cfg.PromptMsPerToken = po.promptMs
 		sim, err := decodersim.New(cfg, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -115,9 +128,13 @@ func newPlannerStack(t *testing.T, po plannerOpts) *stack {
 		o.DecoderURL = ts.URL
 	}
 	if po.provider != "" {
-		o.Provider, o.ProviderArgs, o.KVShare = po.provider, []string{"--compact"}, true
+		o.Provider, o.ProviderArgs, o.KVShare = po.provider, append([]string{"--compact"}, po.providerArgs...), true
 	}
-	d, err := New(o, testLogger(t))
+	log := slog.New(slog.DiscardHandler)
+	if tt, ok := t.(*testing.T); ok {
+		log = testLogger(tt)
+	}
+	d, err := New(o, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +146,14 @@ func newPlannerStack(t *testing.T, po plannerOpts) *stack {
 	}
 	s := &stack{d: d, sim: ts, slotDir: slotDir, cancel: cancel, served: make(chan error, 1)}
 	go func() { s.served <- d.Serve(ctx) }()
-	t.Cleanup(func() { s.stop(t) })
+	t.Cleanup(func() {
+		if s.cancel != nil {
+			s.cancel()
+			s.cancel = nil
+			<-s.served
+			s.d.Close()
+		}
+	})
 	return s
 }
 
@@ -344,4 +368,135 @@ func TestForgottenPrefixNotUsed(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAutoDecisions: under --handoff auto with no model yet, the static
+// floor decides: a short prompt skips the handoff (the plain route with a
+// decision, not a fallback), a long one is handed over; both give the plain
+// text, the decision is on the event that leaves received, and the log
+// passes the audit (skip-and-handoff included).
+func TestAutoDecisions(t *testing.T) {
+	long := strings.Repeat(system+" ", 6) // > 1024 tokens
+	plain := newPlannerStack(t, plannerOpts{slots: 1})
+	prov, _ := countingProvider(t)
+	s := newPlannerStack(t, plannerOpts{slots: 1, provider: prov, handoff: "auto"})
+	type turn struct {
+		msgs           []chatMsg
+		route, choice  string
+		prefillAtLeast int
+	}
+	for i, tc := range []turn{
+		{[]chatMsg{{"user", "the slot"}}, "plain", "skip", 1},
+		{[]chatMsg{{"system", long}, {"user", "the slot"}}, "shared", "handoff", 1024},
+	} {
+		w := chat(t, plain.d.URL(), tc.msgs)
+		g := chat(t, s.d.URL(), tc.msgs)
+		if g.status != 200 || g.content != w.content || g.route != tc.route {
+			t.Fatalf("turn %d: %+v, plain said %q, want route %s", i, g, w.content, tc.route)
+		}
+		if err := s.d.elog.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		e := decisions(t, s.d)[g.id]
+		if e.Decision != tc.choice || e.DecisionBasis != "floor" || e.TokensPrefill < tc.prefillAtLeast || e.Route != tc.route {
+			t.Fatalf("turn %d: event leaving received %+v", i, e)
+		}
+	}
+	if err := s.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	a := eventlog.NewAuditor()
+	for i, e := range readLog(t, s.d) {
+		a.Add(i+1, e)
+	}
+	if rep := a.Finish(); !rep.OK() {
+		t.Fatalf("audit: %v", rep.Violations)
+	}
+}
+
+// BenchmarkHandoffBreakEven is issue 13's break-even benchmark: a provider
+// 5× faster per token than the decoder (0.01 vs 0.05 ms) but 20 ms to
+// start (--fixed-ms, plus its process start), a mixed workload of prompt
+// lengths log-uniform in 10..12 000 tokens (60 prompts, one seed), the same
+// workload under --handoff never, always and auto, side by side, on the
+// shared route. It reports each mode's total time to first token (n_predict
+// 1, not streamed: the answer's time) and auto's decisions by basis.
+func BenchmarkHandoffBreakEven(b *testing.B) {
+	const prompts, decMs, provMs, provFixed = 60, 0.05, 0.01, 20
+	rng := rand.New(rand.NewPCG(13, 13))
+	work := make([][]int, prompts)
+	for i := range work {
+		n := int(math.Round(10 * math.Pow(1200, rng.Float64())))
+		ids := make([]int, n)
+		for j := range ids {
+			ids[j] = simkv.WordBase + rng.IntN(simkv.VocabSize()-simkv.WordBase)
+		}
+		work[i] = ids
+	}
+	modes := []string{"never", "always", "auto"}
+	stacks := map[string]*stack{}
+	for _, m := range modes {
+		stacks[m] = newPlannerStack(b, plannerOpts{slots: 1, nctx: 16384, promptMs: decMs, provider: providerBin,
+			handoff: m, providerArgs: []string{"--fixed-ms", fmt.Sprint(provFixed), "--ms-per-token", fmt.Sprint(provMs)}})
+	}
+	total := map[string]time.Duration{}
+	for b.Loop() {
+		for _, ids := range work {
+			body, _ := json.Marshal(map[string]any{"prompt": ids, "n_predict": 1})
+			for _, m := range modes { // side by side: each prompt under every mode in turn
+				t0 := time.Now()
+				resp, err := http.Post(stacks[m].d.URL()+"/completion", "application/json", bytes.NewReader(body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				total[m] += time.Since(t0)
+				if resp.StatusCode != 200 {
+					b.Fatalf("%s: status %d", m, resp.StatusCode)
+				}
+			}
+		}
+	}
+	for _, m := range modes {
+		b.ReportMetric(float64(total[m].Milliseconds())/float64(b.N), m+"-ttft-ms")
+	}
+	if err := stacks["auto"].d.elog.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	bases := map[string]int{}
+	for _, e := range readLogTB(b, stacks["auto"].d) {
+		if e.Decision == "" {
+			continue
+		}
+		bases[e.Decision+"/"+e.DecisionBasis]++
+		if e.DecisionBasis == "explore" || (e.DecisionBasis == "model" && e.PredictedDecoder > 0 &&
+			math.Abs(float64(e.PredictedHandoff-e.PredictedDecoder)) < 0.3*float64(e.PredictedDecoder)) {
+			b.Logf("near the break-even: %s (%s) prefill %d: decoder %.1f ms vs handoff %.1f ms", e.Decision, e.DecisionBasis,
+				e.TokensPrefill, float64(e.PredictedDecoder)/1000, float64(e.PredictedHandoff)/1000)
+		}
+	}
+	est := stacks["auto"].d.front.Planner().Estimates()
+	b.Logf("auto decisions %v; learned: decoder %.4f ms/token, provider %.1f ms + %.4f ms/token, handoff %.1f ms",
+		bases, est.DecoderMsPerToken, est.ProviderFixedMs, est.ProviderMsPerToken, est.HandoffMs["shared"])
+	if total["auto"] >= total["always"] || total["auto"] >= total["never"] {
+		b.Errorf("auto %v is not below always %v and never %v", total["auto"], total["always"], total["never"])
+	}
+}
+
+func readLogTB(tb testing.TB, d *Daemon) []event.Event {
+	tb.Helper()
+	raw, err := os.ReadFile(d.Options().EventLog)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var out []event.Event
+	for _, line := range bytes.Split(bytes.TrimSpace(raw), []byte("\n")) {
+		e, err := event.Parse(line)
+		if err != nil {
+			tb.Fatalf("log line %q: %v", line, err)
+		}
+		out = append(out, e)
+	}
+	return out
 }
