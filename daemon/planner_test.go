@@ -88,6 +88,7 @@ type plannerOpts struct {
 	promptMs     float64  // the decoder's prefill ms per token (--prompt-ms-per-token)
 	providerArgs []string // after --compact
 	nctx         int      // 0: 2048 per slot
+	mode         string   // --provider-mode
 }
 
 // newPlannerStack is newStack with several slots, compact KV (fast), and
@@ -129,6 +130,7 @@ func newPlannerStack(t testing.TB, po plannerOpts) *stack {
 	}
 	if po.provider != "" {
 		o.Provider, o.ProviderArgs, o.KVShare = po.provider, append([]string{"--compact"}, po.providerArgs...), true
+		o.ProviderMode = po.mode
 	}
 	log := slog.New(slog.DiscardHandler)
 	if tt, ok := t.(*testing.T); ok {
@@ -290,6 +292,71 @@ func TestMultiTurnIncremental(t *testing.T) {
 	if prefilled*10 > whole*3 {
 		t.Errorf("the provider prefilled %d of %d tokens (more than 30 %%)", prefilled, whole)
 	}
+}
+
+// TestMultiTurnNative: turns of /completion (return_tokens) whose prompt
+// is the last prompt + its answer + more, with the exec and the warm provider: the
+// answer's generated tokens (listed by the native reply, counted by
+// tokens_cached) are remembered too, so each turn after the first holds
+// more than the previous prompt; text and prompt_n 1 as on the plain route.
+func TestMultiTurnNative(t *testing.T) {
+	run := func(url string) (out []answer) {
+		prompt := system
+		for k := range 4 {
+			a := completeReturnTokens(t, url, prompt)
+			out = append(out, a)
+			prompt += a.content + fmt.Sprintf(" and the slot %d", k)
+		}
+		return out
+	}
+	plain := newPlannerStack(t, plannerOpts{slots: 2})
+	want := run(plain.d.URL())
+	for _, mode := range []string{ProviderModeExec, ProviderModeServe} {
+		t.Run(mode, func(t *testing.T) {
+			s := newPlannerStack(t, plannerOpts{slots: 2, provider: providerBin, handoff: "always", mode: mode})
+			got := run(s.d.URL())
+			if err := s.d.elog.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			dec := decisions(t, s.d)
+			prevN := 0
+			for k, g := range got {
+				e := dec[g.id]
+				if g.status != 200 || g.content != want[k].content || g.route != "shared" || g.promptN != 1 {
+					t.Fatalf("turn %d: %+v, plain said %q", k, g, want[k].content)
+				}
+				if k > 0 && e.TokensHeld <= prevN {
+					t.Errorf("turn %d held %d tokens, the previous prompt alone had %d", k, e.TokensHeld, prevN)
+				}
+				prevN = e.TokensHeld + e.TokensPrefill
+			}
+		})
+	}
+}
+
+// completeReturnTokens is complete with "return_tokens": true (the client
+// asks for its generated token ids, so the reply lists them).
+func completeReturnTokens(t *testing.T, url, prompt string) answer {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"prompt": prompt, "n_predict": 8, "return_tokens": true})
+	resp, err := http.Post(url+"/completion", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	a := answer{status: resp.StatusCode, route: resp.Header.Get("X-Onebit-Route"), id: resp.Header.Get("X-Onebit-Request-Id")}
+	var o struct {
+		Content string `json:"content"`
+		Timings struct {
+			PromptN int `json:"prompt_n"`
+		} `json:"timings"`
+	}
+	if err := json.Unmarshal(raw, &o); err != nil {
+		t.Fatalf("answer %d %q: %v", resp.StatusCode, raw, err)
+	}
+	a.content, a.promptN = o.Content, o.Timings.PromptN
+	return a
 }
 
 // TestForgottenPrefixNotUsed: a prefix the daemon had to forget is never

@@ -121,6 +121,9 @@ type Server struct {
 	plan   *planner.Model
 	mem    *planner.Memory
 	lastID atomic.Int64 // DecoderIdentity last seen
+
+	cellsOnce sync.Once
+	cells     int // cells per slot (/props default_generation_settings.n_ctx); 0: unknown
 }
 
 // New builds the front.
@@ -222,6 +225,22 @@ func (s *Server) ForgetPrefixes() {
 	if s.mem != nil {
 		s.mem.ForgetAll()
 	}
+}
+
+// fits reports whether n cells fit a slot without the decoder shifting its
+// context (which moves cells: what they hold is then unknown). The slot
+// size is read once from /props; unknown means no.
+func (s *Server) fits(n int) bool {
+	s.cellsOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.TokenizeTimeout)
+		defer cancel()
+		if p, err := s.cfg.Decoder.Props(ctx); err == nil {
+			s.cells = p.Default.NCtx
+		} else {
+			s.log.Warn("the decoder's slot size is unknown: no prefix is remembered", "error", err)
+		}
+	})
+	return n < s.cells
 }
 
 // checkDecoder forgets every prefix when the decoder's identity changed.
@@ -373,7 +392,7 @@ func (s *Server) completion(k kind) http.Handler {
 		if s.plan != nil && st.ok && st.promptN > 0 {
 			s.plan.ObserveDecoder(st.promptN, st.promptMs)
 		}
-		if s.mem != nil && why == nil && ok && st.holds(len(tokens), minCache) {
+		if s.mem != nil && why == nil && ok && st.holds(len(tokens), minCache) && s.fits(len(tokens)+st.predictedN) {
 			s.mem.Confirm(ticket, st.held(tokens))
 		} else if s.mem != nil && why == nil && ok && st.ok && st.cacheN < minCache {
 			log.Warn("the decoder reused less of the slot than onebitd trusted: the slot's prefix is forgotten",

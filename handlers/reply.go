@@ -3,6 +3,7 @@ package handlers
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 )
 
 // maxTapped bounds what replyTap keeps of a reply: a non-streamed answer
@@ -64,7 +65,8 @@ type replyStats struct {
 	cacheN       int
 	predictedN   int
 	promptMs     float64
-	tokensCached int // -1: not reported (the OpenAI shapes)
+	tokensCached int   // -1: not reported (the OpenAI shapes)
+	generated    []int // the native answer's "tokens", when reported
 }
 
 // stats parses what the tap kept.
@@ -80,7 +82,8 @@ func (t *replyTap) stats() replyStats {
 		raw = t.last
 	}
 	var v struct {
-		TokensCached *int `json:"tokens_cached"`
+		Tokens       []int `json:"tokens"`
+		TokensCached *int  `json:"tokens_cached"`
 		Timings      *struct {
 			PromptN    *int     `json:"prompt_n"`
 			CacheN     *int     `json:"cache_n"`
@@ -96,6 +99,9 @@ func (t *replyTap) stats() replyStats {
 		promptMs: *v.Timings.PromptMs, predictedN: v.Timings.PredictedN, tokensCached: -1}
 	if v.TokensCached != nil {
 		st.tokensCached = *v.TokensCached
+		if !t.stream { // a stream's last event has its own tokens, not all of them
+			st.generated = v.Tokens
+		}
 	}
 	return st
 }
@@ -118,12 +124,19 @@ func (st replyStats) holds(n, minCache int) bool {
 	return true
 }
 
-// held is the prompt tokens a confirmed answer leaves in the slot: all of
-// them once a token was generated (the last prompt token was evaluated to
-// produce it), else all but the last (not every build evaluates it).
+// held is the tokens a confirmed answer leaves in the slot's cells 0..:
+// the prompt once a token was generated (the last prompt token was
+// evaluated to produce it), else all but its last (not every build
+// evaluates it); then, when the native answer lists its generated tokens
+// and tokens_cached counts them, all of those but the last (never
+// evaluated). The result is a new slice.
 func (st replyStats) held(tokens []int) []int {
-	if st.predictedN > 0 {
-		return tokens
+	if st.predictedN == 0 {
+		return slices.Clone(tokens[:max(len(tokens)-1, 0)])
 	}
-	return tokens[:max(len(tokens)-1, 0)]
+	g := len(st.generated)
+	if g == 0 || g != st.predictedN || st.tokensCached != len(tokens)+g-1 {
+		return slices.Clone(tokens)
+	}
+	return append(slices.Clone(tokens), st.generated[:g-1]...)
 }

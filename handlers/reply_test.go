@@ -1,6 +1,7 @@
 package handlers
 
 import (
+	"reflect"
 	"testing"
 )
 
@@ -13,7 +14,7 @@ func tapOf(stream bool, chunks ...string) replyStats {
 }
 
 func TestReplyTap(t *testing.T) {
-	native := `{"content":"x","tokens_cached":12,"timings":{"prompt_n":1,"cache_n":9,"prompt_ms":0.5,"predicted_n":3}}`
+	native := `{"content":"x","tokens":[4,5,6],"tokens_cached":12,"timings":{"prompt_n":1,"cache_n":9,"prompt_ms":0.5,"predicted_n":3}}`
 	chat := `{"choices":[],"timings":{"prompt_n":10,"cache_n":0,"prompt_ms":12.5,"predicted_n":4}}`
 	stream := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n" +
 		"data: {\"choices\":[],\"timings\":{\"prompt_n\":1,\"cache_n\":99,\"prompt_ms\":0.2,\"predicted_n\":5}}\n\ndata: [DONE]\n\n"
@@ -23,7 +24,7 @@ func TestReplyTap(t *testing.T) {
 		chunks []string
 		want   replyStats
 	}{
-		{"native", false, []string{native}, replyStats{ok: true, promptN: 1, cacheN: 9, promptMs: 0.5, predictedN: 3, tokensCached: 12}},
+		{"native", false, []string{native}, replyStats{ok: true, promptN: 1, cacheN: 9, promptMs: 0.5, predictedN: 3, tokensCached: 12, generated: []int{4, 5, 6}}},
 		{"chat", false, []string{chat[:7], chat[7:]}, replyStats{ok: true, promptN: 10, promptMs: 12.5, predictedN: 4, tokensCached: -1}},
 		{"stream", true, []string{stream[:30], stream[30:75], stream[75:]}, replyStats{ok: true, promptN: 1, cacheN: 99, promptMs: 0.2, predictedN: 5, tokensCached: -1}},
 		{"stream without newline at the end", true, []string{"data: " + native}, replyStats{ok: true, promptN: 1, cacheN: 9, promptMs: 0.5, predictedN: 3, tokensCached: 12}},
@@ -34,7 +35,7 @@ func TestReplyTap(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := tapOf(tc.stream, tc.chunks...); got != tc.want {
+			if got := tapOf(tc.stream, tc.chunks...); !reflect.DeepEqual(got, tc.want) {
 				t.Fatalf("got %+v, want %+v", got, tc.want)
 			}
 		})
@@ -79,7 +80,7 @@ func FuzzReplyTap(f *testing.F) {
 		whole := tapOf(stream, string(body))
 		c := int(cut) % (len(body) + 1)
 		split := tapOf(stream, string(body[:c]), string(body[c:]))
-		if whole != split {
+		if !reflect.DeepEqual(whole, split) {
 			t.Fatalf("whole %+v, cut at %d %+v", whole, c, split)
 		}
 		whole.holds(10, 9)
