@@ -136,9 +136,11 @@ type Stats struct {
 	Buffered   int    // bytes nats.go holds while reconnecting (-1 if closed)
 	Reconnects uint64 // successful reconnects to an external server
 	// Catch-up (JetStream with an EventLog): events of the log republished
-	// and newly stored by the stream, and passes completed.
+	// and newly stored by the stream, and passes completed. Deferred: live
+	// events left to the catch-up while it was behind (in order, not lost).
 	Republished uint64
 	CatchUps    uint64
+	Deferred    uint64
 }
 
 // item is one queued message. The Nats-Msg-Id is built by the publisher,
@@ -182,6 +184,16 @@ type Bus struct {
 	catchUpKick chan struct{}
 	liveBoot    atomic.Value  // string: boot of the last event handed to nats.go
 	liveSeq     atomic.Uint64 // its seq
+	// Behind (catch-up only): an event of this node missed the stream (a
+	// drop, a refused publish, the stream not ready), so later live events
+	// would land before it. Until the catch-up has republished the log up
+	// to the last event kept back (skipBoot/skipSeq), live events are kept
+	// back too: the stream gets every boot's events in seq order.
+	behind   atomic.Bool
+	behindMu sync.Mutex
+	skipBoot string
+	skipSeq  uint64
+	deferred atomic.Uint64
 	resumeAt    int64         // log offset where the next catch-up pass starts (catch-up goroutine only)
 
 	boMu sync.Mutex
@@ -225,6 +237,10 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 		}
 		b.acks = a
 		b.catchUpKick = make(chan struct{}, 1)
+		// Live events wait for the first pass: the log may hold this
+		// boot's first events (emitted before the bus) and the last boot's
+		// tail, which belong before them in the stream.
+		b.behind.Store(true)
 	}
 	var err error
 	if cfg.URLs == "" {
@@ -416,6 +432,7 @@ func (b *Bus) enqueue(it item) {
 	case b.q <- it:
 	default:
 		b.drop()
+		b.markBehind(it.boot, it.seq, it.node)
 	}
 }
 
@@ -484,6 +501,9 @@ func (b *Bus) publisher() {
 }
 
 func (b *Bus) publish(it item) {
+	if b.js != nil && b.keepBack(it) {
+		return
+	}
 	if b.js != nil && b.streamReady.Load() {
 		m := &nats.Msg{Subject: it.subject, Data: it.data}
 		var opts []jetstream.PublishOpt
@@ -494,6 +514,7 @@ func (b *Bus) publish(it item) {
 		}
 		if _, err := b.js.PublishMsgAsync(m, opts...); err != nil {
 			b.drop()
+			b.markBehind(it.boot, it.seq, it.node)
 			b.log.Debug("jetstream publish failed", logKeyError, err)
 			return
 		}
@@ -596,6 +617,7 @@ func (b *Bus) Stats() Stats {
 
 		Republished: b.republished.Load(),
 		CatchUps:    b.catchUpRuns.Load(),
+		Deferred:    b.deferred.Load(),
 	}
 	if n, err := b.nc.Buffered(); err == nil {
 		s.Buffered = n

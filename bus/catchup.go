@@ -35,6 +35,12 @@ const (
 	catchUpDelay = time.Second
 	// catchUpPoll is the wait while the window is full.
 	catchUpPoll = time.Millisecond
+	// catchUpTail is the wait of a pass that reached the end of the log
+	// before the last event kept back was written there.
+	catchUpTail = 2 * time.Millisecond
+	// catchUpTailMax is how long a pass waits for a log that stopped
+	// growing to show the last event kept back.
+	catchUpTailMax = 5 * time.Second
 	// ackFlushInterval bounds how often AckedFile is rewritten.
 	ackFlushInterval = 250 * time.Millisecond
 	// hdrCatchUp marks a republished event, so that its acknowledgement
@@ -285,6 +291,52 @@ func (b *Bus) kickCatchUp() {
 	}
 }
 
+// keepBack reports whether the live event it must wait for the catch-up
+// (and records it as the last event kept back): while the bus is behind,
+// or while the stream is not ready. Without catch-up, or for an event
+// without an id, it never does.
+func (b *Bus) keepBack(it item) bool {
+	if b.acks == nil || it.node != b.cfg.Node {
+		return false
+	}
+	if b.streamReady.Load() && !b.behind.Load() {
+		return false
+	}
+	b.behindMu.Lock()
+	defer b.behindMu.Unlock()
+	if b.streamReady.Load() && !b.behind.Load() {
+		return false // the catch-up handed back meanwhile
+	}
+	if !b.behind.Swap(true) {
+		b.kickCatchUp()
+	}
+	b.noteSkippedLocked(it.boot, it.seq)
+	b.deferred.Add(1)
+	return true
+}
+
+// markBehind records that this node's event boot/seq missed the stream:
+// live events wait for the catch-up until it has republished the log past
+// it.
+func (b *Bus) markBehind(boot string, seq uint64, node string) {
+	if b.acks == nil || node != b.cfg.Node {
+		return
+	}
+	b.behindMu.Lock()
+	b.behind.Store(true)
+	b.noteSkippedLocked(boot, seq)
+	b.behindMu.Unlock()
+	b.kickCatchUp()
+}
+
+func (b *Bus) noteSkippedLocked(boot string, seq uint64) {
+	if boot != b.skipBoot {
+		b.skipBoot, b.skipSeq = boot, seq // a new boot: its events follow the old one's
+		return
+	}
+	b.skipSeq = max(b.skipSeq, seq)
+}
+
 // catchUp runs catch-up passes when kicked (at start, after a reconnect,
 // after drops or unacknowledged publishes), and writes AckedFile.
 func (b *Bus) catchUp() {
@@ -353,11 +405,16 @@ func (b *Bus) flushAcks() {
 // event of this node that the stream does not hold, except those of the
 // live boot that the publisher has not handed to nats.go yet (they are on
 // their way). The window of unacknowledged catch-up publishes is bounded
-// (catchUpWindow) so live events keep flowing. It returns how many events
-// it republished.
+// (catchUpWindow) so live events keep flowing. When the bus is behind
+// (live events kept back), the pass goes on reading the log as it grows
+// until it has republished the last event kept back, then hands back to
+// the publisher. It returns how many events it republished.
 func (b *Bus) catchUpPass() (int, error) {
 	f, err := os.Open(b.cfg.EventLog)
 	if errors.Is(err, fs.ErrNotExist) {
+		if b.behind.Load() {
+			b.handBack(nil) // nothing logged: nothing to keep back for
+		}
 		return 0, nil
 	}
 	if err != nil {
@@ -371,70 +428,95 @@ func (b *Bus) catchUpPass() (int, error) {
 	if fi, err := f.Stat(); err != nil || fi.Size() < base {
 		base = 0
 	}
-	if _, err := f.Seek(base, io.SeekStart); err != nil {
-		return 0, fmt.Errorf("bus: catch-up: %w", err)
-	}
 	full := base == 0
+	fullPass := full
+	behind := b.behind.Load()
+	lastGrowth := time.Now()
 	liveBoot, _ := b.liveBoot.Load().(string)
 	liveSeq := b.liveSeq.Load()
-	r := eventlog.NewReader(f, b.cfg.EventLog)
 	next := map[string]uint64{} // per boot: the seq expected next in the log
+	sent := map[string]uint64{} // per boot: the last seq this pass republished or found held
 	firstPending := int64(-1)
 	n := 0
 	var buf []byte
 	for {
-		lineStart := base + r.Offset()
-		e, err := r.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
+		if _, err := f.Seek(base, io.SeekStart); err != nil {
 			return n, fmt.Errorf("bus: catch-up: %w", err)
 		}
-		if e.Seq == 0 || e.Boot == "" || (e.Node != "" && e.Node != b.cfg.Node) {
-			continue // log-local lines (loss markers), another node's events
+		r := eventlog.NewReader(f, b.cfg.EventLog)
+		for {
+			lineStart := base + r.Offset()
+			e, err := r.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return n, fmt.Errorf("bus: catch-up: %w", err)
+			}
+			if e.Seq == 0 || e.Boot == "" || (e.Node != "" && e.Node != b.cfg.Node) {
+				continue // log-local lines (loss markers), another node's events
+			}
+			exp, seen := next[e.Boot]
+			switch {
+			case seen:
+			case full:
+				exp = 1
+			default:
+				exp = e.Seq // resumed: what came before is held
+			}
+			if e.Seq > exp {
+				b.acks.addRange(e.Boot, exp, e.Seq-1) // not in the log: lost for good
+			}
+			next[e.Boot] = e.Seq + 1
+			if b.acks.has(e.Boot, e.Seq) {
+				sent[e.Boot] = e.Seq
+				continue
+			}
+			if firstPending < 0 {
+				firstPending = lineStart
+			}
+			if !behind && e.Boot == liveBoot && e.Seq > liveSeq {
+				continue // on its way through the publisher
+			}
+			if err := b.waitWindow(); err != nil {
+				return n, err
+			}
+			buf = e.AppendJSON(buf[:0])
+			m := &nats.Msg{Subject: b.subjectOf(&e), Data: append([]byte(nil), buf...), Header: nats.Header{}}
+			m.Header.Set(hdrCatchUp, "1")
+			it := item{node: b.cfg.Node, boot: e.Boot, seq: e.Seq}
+			if _, err := b.js.PublishMsgAsync(m, jetstream.WithMsgID(msgID(it)), jetstream.WithStallWait(jsStallWait)); err != nil {
+				return n, fmt.Errorf("bus: catch-up publish: %w", err)
+			}
+			sent[e.Boot] = e.Seq
+			n++
 		}
-		exp, seen := next[e.Boot]
-		switch {
-		case seen:
-		case full:
-			exp = 1
-		default:
-			exp = e.Seq // resumed: what came before is held
-		}
-		if e.Seq > exp {
-			b.acks.addRange(e.Boot, exp, e.Seq-1) // not in the log: lost for good
-		}
-		next[e.Boot] = e.Seq + 1
-		if b.acks.has(e.Boot, e.Seq) {
-			continue
+		end := base + r.Offset()
+		if t := r.Torn(); t.Bytes > 0 {
+			end = base + t.Offset // a line still being written
 		}
 		if firstPending < 0 {
-			firstPending = lineStart
+			firstPending = end
 		}
-		if e.Boot == liveBoot && e.Seq > liveSeq {
-			continue // on its way through the publisher
+		if !behind || b.handBack(sent) {
+			break
 		}
-		if err := b.waitWindow(); err != nil {
+		// Behind, and the last event kept back is not in the log yet (the
+		// log flushes in batches): read on from here shortly. A log that
+		// stopped growing (a full disk) will not bring it: hand back.
+		if end > base {
+			lastGrowth = time.Now()
+		} else if time.Since(lastGrowth) > catchUpTailMax {
+			b.forceHandBack()
+			break
+		}
+		base, full = end, false
+		if err := b.pause(catchUpTail); err != nil {
 			return n, err
-		}
-		buf = e.AppendJSON(buf[:0])
-		m := &nats.Msg{Subject: b.subjectOf(&e), Data: append([]byte(nil), buf...), Header: nats.Header{}}
-		m.Header.Set(hdrCatchUp, "1")
-		it := item{node: b.cfg.Node, boot: e.Boot, seq: e.Seq}
-		if _, err := b.js.PublishMsgAsync(m, jetstream.WithMsgID(msgID(it)), jetstream.WithStallWait(jsStallWait)); err != nil {
-			return n, fmt.Errorf("bus: catch-up publish: %w", err)
-		}
-		n++
-	}
-	if firstPending < 0 {
-		firstPending = base + r.Offset()
-		if t := r.Torn(); t.Bytes > 0 {
-			firstPending = base + t.Offset // a line still being written
 		}
 	}
 	b.resumeAt = firstPending
-	if !full {
+	if !fullPass {
 		return n, nil
 	}
 	keep := map[string]bool{}
@@ -446,6 +528,44 @@ func (b *Bus) catchUpPass() (int, error) {
 	}
 	b.acks.keepOnly(keep)
 	return n, nil
+}
+
+// handBack ends the behind state if this pass republished (or found held)
+// the last event kept back; the publisher then publishes live again, after
+// everything the pass handed to nats.go.
+func (b *Bus) handBack(sent map[string]uint64) bool {
+	b.behindMu.Lock()
+	defer b.behindMu.Unlock()
+	if b.skipBoot != "" && sent[b.skipBoot] < b.skipSeq && !b.acks.has(b.skipBoot, b.skipSeq) {
+		return false
+	}
+	b.behind.Store(false)
+	b.skipBoot, b.skipSeq = "", 0
+	return true
+}
+
+// forceHandBack ends the behind state although the log never showed the
+// last event kept back.
+func (b *Bus) forceHandBack() {
+	b.behindMu.Lock()
+	boot, seq := b.skipBoot, b.skipSeq
+	b.behind.Store(false)
+	b.skipBoot, b.skipSeq = "", 0
+	b.behindMu.Unlock()
+	b.log.Warn("jetstream catch-up: the event log stopped growing before it held the events kept back; publishing live again",
+		"boot", boot, "seq", seq)
+}
+
+// pause waits d, or returns ErrClosed when the bus closes.
+func (b *Bus) pause(d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-b.done:
+		return ErrClosed
+	case <-t.C:
+		return nil
+	}
 }
 
 // waitWindow waits until the catch-up may publish again.

@@ -31,6 +31,9 @@ func (b *Bus) setupJetStream(ctx context.Context) error {
 				return
 			}
 			b.drop()
+			if node, boot, seq, ok := parseMsgID(m.Header.Get(nats.MsgIdHdr)); ok {
+				b.markBehind(boot, seq, node)
+			}
 			b.log.Debug("jetstream publish not acknowledged", logKeyError, err, "subject", m.Subject)
 		}),
 		jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, m *nats.Msg, ack *jetstream.PubAck) {
@@ -141,7 +144,7 @@ func (b *Bus) ensureStream(ctx context.Context) error {
 			b.log.Info("jetstream stream limits updated", logKeyStream, StreamName,
 				"replicas", want.Replicas, "max_age", want.MaxAge, "max_bytes", want.MaxBytes)
 		}
-		return nil
+		return b.waitLeader(ctx, s)
 	}
 	if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return fmt.Errorf("bus: look up stream %s: %w", StreamName, err)
@@ -152,11 +155,40 @@ func (b *Bus) ensureStream(ctx context.Context) error {
 		Subjects:    []string{StreamSubjects},
 		Storage:     jetstream.FileStorage,
 	})
-	_, err = b.js.CreateStream(ctx, cfg)
-	if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+	s, err = b.js.CreateStream(ctx, cfg)
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		s, err = b.js.Stream(ctx, StreamName)
+	}
+	if err != nil {
 		return fmt.Errorf("bus: create stream %s on %s (replicas %d): %w", StreamName, StreamSubjects, cfg.Replicas, err)
 	}
-	return nil
+	return b.waitLeader(ctx, s)
+}
+
+// leaderPoll is the wait between two looks at a replicated stream that has
+// no leader yet.
+const leaderPoll = 50 * time.Millisecond
+
+// waitLeader waits until a replicated stream has a leader: publishing
+// before would have some publishes refused and later ones stored, out of
+// order.
+func (b *Bus) waitLeader(ctx context.Context, s jetstream.Stream) error {
+	for {
+		info, err := s.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("bus: stream %s info: %w", StreamName, err)
+		}
+		if info.Cluster == nil || info.Cluster.Leader != "" {
+			return nil
+		}
+		t := time.NewTimer(leaderPoll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("bus: stream %s has no leader: %w", StreamName, ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 // streamLimits applies the configured Stream* limits to c and reports
