@@ -28,7 +28,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/onebitd/onebitd/decoder"
@@ -118,9 +117,8 @@ type Server struct {
 	// With a Handoff: the cost model and, unless the slot API is exposed
 	// (then anyone may change a slot behind onebitd's back), the per-slot
 	// prefix memory.
-	plan   *planner.Model
-	mem    *planner.Memory
-	lastID atomic.Int64 // DecoderIdentity last seen
+	plan *planner.Model
+	mem  *planner.Memory
 
 	cellsOnce sync.Once
 	cells     int // cells per slot (/props default_generation_settings.n_ctx); 0: unknown
@@ -163,8 +161,8 @@ func New(cfg Config) (*Server, error) {
 		if !cfg.ExposeSlotsAPI {
 			s.mem = planner.NewMemory(cfg.Pool.Size())
 		}
-		if cfg.DecoderIdentity != nil {
-			s.lastID.Store(int64(cfg.DecoderIdentity()))
+		if s.mem != nil && cfg.DecoderIdentity != nil {
+			s.mem.Observe(cfg.DecoderIdentity())
 		}
 	}
 	s.proxy = &httputil.ReverseProxy{
@@ -243,15 +241,18 @@ func (s *Server) fits(n int) bool {
 	return n < s.cells
 }
 
+// identity is the decoder's identity (0 when unknown: attached by URL).
+func (s *Server) identity() int {
+	if s.cfg.DecoderIdentity == nil {
+		return 0
+	}
+	return s.cfg.DecoderIdentity()
+}
+
 // checkDecoder forgets every prefix when the decoder's identity changed.
 func (s *Server) checkDecoder() {
-	if s.mem == nil || s.cfg.DecoderIdentity == nil {
-		return
-	}
-	id := int64(s.cfg.DecoderIdentity())
-	if old := s.lastID.Swap(id); old != id {
-		s.log.Info("the decoder restarted: every slot's prefix is forgotten", "old_pid", old, "pid", id)
-		s.mem.ForgetAll()
+	if s.mem != nil && s.mem.Observe(s.identity()) {
+		s.log.Info("the decoder restarted: every slot's prefix is forgotten")
 	}
 }
 
@@ -377,7 +378,17 @@ func (s *Server) completion(k kind) http.Handler {
 		default:
 			t0 := time.Now()
 			out := s.cfg.Handoff.RunFrom(r.Context(), m, tokens, dec.Start)
-			if out.Reason == "" {
+			if out.Reason == "" && out.Start > 0 && !s.mem.Valid(ticket, s.identity()) {
+				// The decoder restarted (or the slot was forgotten) during
+				// an incremental handoff: the cells before Start may not
+				// hold the prefix. The decoder prefills the whole prompt
+				// itself (cache_prompt false).
+				log.Warn("the slot's prefix was forgotten during an incremental handoff: the prompt is evaluated again in full", "slot", slot)
+				s.checkDecoder()
+				fields["cache_prompt"] = json.RawMessage("false")
+				minCache = -1
+			}
+			if out.Reason == "" && minCache == 0 {
 				minCache = len(tokens) - 1
 				if out.Ran {
 					prov := out.Provider.Seconds() * 1000
@@ -387,12 +398,14 @@ func (s *Server) completion(k kind) http.Handler {
 			}
 		}
 		fields["id_slot"] = json.RawMessage(strconv.Itoa(slot))
-		fields["cache_prompt"] = json.RawMessage("true")
+		if minCache >= 0 {
+			fields["cache_prompt"] = json.RawMessage("true")
+		}
 		st, ok := s.forward(w, r, m, encodeFields(fields, len(body)))
 		if s.plan != nil && st.ok && st.promptN > 0 {
 			s.plan.ObserveDecoder(st.promptN, st.promptMs)
 		}
-		if s.mem != nil && why == nil && ok && st.holds(len(tokens), minCache) && s.fits(len(tokens)+st.predictedN) {
+		if s.mem != nil && why == nil && ok && minCache >= 0 && st.holds(len(tokens), minCache) && s.fits(len(tokens)+st.predictedN) {
 			s.mem.Confirm(ticket, st.held(tokens))
 		} else if s.mem != nil && why == nil && ok && st.ok && st.cacheN < minCache {
 			log.Warn("the decoder reused less of the slot than onebitd trusted: the slot's prefix is forgotten",

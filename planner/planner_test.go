@@ -195,3 +195,26 @@ func TestMemoryConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestMemoryIdentity: a changed decoder identity forgets every slot and
+// voids the tickets taken under the old one.
+func TestMemoryIdentity(t *testing.T) {
+	toks := []int{1, 2, 3}
+	m := NewMemory(1)
+	if !m.Observe(7) || m.Observe(7) {
+		t.Fatal("Observe reports changes only")
+	}
+	_, tk := m.Take(0, toks)
+	m.Confirm(tk, toks)
+	held, tk := m.Take(0, toks)
+	if held != 3 || !m.Valid(tk, 7) {
+		t.Fatalf("held %d, valid %v", held, m.Valid(tk, 7))
+	}
+	if m.Valid(tk, 8) {
+		t.Fatal("valid under another decoder")
+	}
+	m.Observe(8)
+	if m.Valid(tk, 8) || m.Confirm(tk, toks) || m.Held(0, toks) != 0 {
+		t.Fatal("a ticket of the old decoder survived its restart")
+	}
+}

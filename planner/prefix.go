@@ -5,9 +5,10 @@ import "sync"
 // Memory is the per-slot memory of the prompt tokens whose KV the decoder
 // holds (doc.go, "Prefix memory"). It is safe for concurrent use.
 type Memory struct {
-	mu    sync.Mutex
-	epoch uint64 // bumped by ForgetAll
-	slots []slotMem
+	mu       sync.Mutex
+	epoch    uint64 // bumped by ForgetAll
+	identity int    // the decoder's, as last observed (Observe)
+	slots    []slotMem
 }
 
 type slotMem struct {
@@ -20,6 +21,7 @@ type slotMem struct {
 type Ticket struct {
 	slot       int
 	epoch, gen uint64
+	identity   int
 }
 
 // NewMemory returns an empty memory of n slots.
@@ -52,7 +54,31 @@ func (m *Memory) Take(slot int, tokens []int) (held int, t Ticket) {
 	}
 	s.confirmed, s.tokens = false, nil
 	s.gen++
-	return held, Ticket{slot: slot, epoch: m.epoch, gen: s.gen}
+	return held, Ticket{slot: slot, epoch: m.epoch, gen: s.gen, identity: m.identity}
+}
+
+// Observe records the decoder's identity (the launched decoder's pid: it
+// changes when the decoder restarts). A change forgets every slot, as
+// ForgetAll, and reports true.
+func (m *Memory) Observe(identity int) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if identity == m.identity {
+		return false
+	}
+	m.identity = identity
+	m.forgetAll()
+	return true
+}
+
+// Valid reports whether nothing forgot t's slot since Take and the decoder
+// is still the one Take saw (identity, as Observe takes it): then the
+// prefix Take returned was still in the slot's cells when Valid was called.
+func (m *Memory) Valid(t Ticket, identity int) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return t.slot >= 0 && t.slot < len(m.slots) && t.epoch == m.epoch && m.slots[t.slot].gen == t.gen &&
+		identity == t.identity && identity == m.identity
 }
 
 // Confirm records that the slot of t now holds tokens, as the decoder's
@@ -90,6 +116,10 @@ func (m *Memory) Forget(slot int) {
 func (m *Memory) ForgetAll() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.forgetAll()
+}
+
+func (m *Memory) forgetAll() {
 	m.epoch++
 	for i := range m.slots {
 		m.slots[i].tokens, m.slots[i].confirmed = nil, false
