@@ -28,6 +28,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/onebitd/onebitd/decoder"
@@ -119,6 +120,10 @@ type Server struct {
 	// prefix memory.
 	plan *planner.Model
 	mem  *planner.Memory
+
+	// A provider that refuses --start (exit status 2, a usage error, on
+	// every incremental run and never a success) gets the whole prompt.
+	startOK, startRefused atomic.Int64
 
 	cellsOnce sync.Once
 	cells     int // cells per slot (/props default_generation_settings.n_ctx); 0: unknown
@@ -241,6 +246,27 @@ func (s *Server) fits(n int) bool {
 	return n < s.cells
 }
 
+// Refusals of --start before onebitd stops passing it.
+const maxStartRefusals = 3
+
+// startAccepted reports whether the provider may be given --start.
+func (s *Server) startAccepted() bool {
+	return s.startOK.Load() > 0 || s.startRefused.Load() < maxStartRefusals
+}
+
+// noteStart counts an incremental run's outcome.
+func (s *Server) noteStart(log *slog.Logger, out handoff.Outcome) {
+	switch {
+	case out.Start == 0 || !out.Ran:
+	case out.Reason == "":
+		s.startOK.Add(1)
+	case out.Exit == 2 && s.startOK.Load() == 0:
+		if s.startRefused.Add(1) == maxStartRefusals {
+			log.Warn("the provider refused --start on every incremental handoff: it gets the whole prompt from now on", "reason", out.Reason)
+		}
+	}
+}
+
 // identity is the decoder's identity (0 when unknown: attached by URL).
 func (s *Server) identity() int {
 	if s.cfg.DecoderIdentity == nil {
@@ -354,7 +380,7 @@ func (s *Server) completion(k kind) http.Handler {
 		var dec *planner.Decision
 		if s.cfg.Handoff != nil && why == nil {
 			hr := s.cfg.Handoff.Route()
-			d := s.plan.Decide(len(tokens), held, hr == machine.RouteShared, string(hr))
+			d := s.plan.Decide(len(tokens), held, hr == machine.RouteShared && s.startAccepted(), string(hr))
 			dec = &d
 			if d.Choice == planner.Handoff {
 				route = hr
@@ -378,6 +404,7 @@ func (s *Server) completion(k kind) http.Handler {
 		default:
 			t0 := time.Now()
 			out := s.cfg.Handoff.RunFrom(r.Context(), m, tokens, dec.Start)
+			s.noteStart(log, out)
 			if out.Reason == "" && out.Start > 0 && !s.mem.Valid(ticket, s.identity()) {
 				// The decoder restarted (or the slot was forgotten) during
 				// an incremental handoff: the cells before Start may not

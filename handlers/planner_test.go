@@ -113,3 +113,47 @@ func TestRestartDuringIncrementalHandoff(t *testing.T) {
 		})
 	}
 }
+
+// TestProviderRefusesStart: a provider that does not accept --start (it
+// exits 2, a usage error) falls back on its first incremental handoffs and,
+// after maxStartRefusals, gets the whole prompt: handed over again, with
+// the text of the plain route throughout.
+func TestProviderRefusesStart(t *testing.T) {
+	mod := func(c *decodersim.Config) { c.Compact = true }
+	ts, sc := simWrap(t, mod, nil)
+	plainTS := sim(t, mod)
+	plain := newFront(t, plainTS.URL, nil)
+	dec, err := decoder.New(ts.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mark := filepath.Join(t.TempDir(), "provider-saw")
+	script := `case " $* " in *" --start "*) echo "flag provided but not defined: -start" >&2; exit 2;; esac; exec "$0" "$@"`
+	prov := &provider.Runner{Path: "/bin/sh", Args: []string{"-c", script, os.Args[0], "-provider", mark, "--compact"}, Timeout: 30 * time.Second}
+	h := handoff.NewHandoff(handoff.Config{SlotDir: sc.SlotSavePath, Model: sc.ModelPath, Share: true, Slots: 1}, dec, handoff.Exec{Runner: prov}, nil)
+	t.Cleanup(func() { h.Close() })
+	f := newFront(t, ts.URL, func(c *Config) { c.Handoff, c.HandoffMode = h, planner.ModeAlways })
+
+	prompt := strings.Repeat("the cache of the decoder slot is the token prefill ", 8)
+	want := []string{"shared", "fallback", "fallback", "fallback", "shared", "shared"}
+	for k, route := range want {
+		w, _ := turn(t, plain.url, prompt)
+		g, r := turn(t, f.url, prompt)
+		if g.Content != w.Content || r != route {
+			t.Fatalf("turn %d: route %s %q, want route %s, plain said %q", k, r, g.Content, route, w.Content)
+		}
+		if route == "shared" && g.Timings.PromptN != 1 {
+			t.Fatalf("turn %d: prompt_n %d", k, g.Timings.PromptN)
+		}
+		prompt += g.Content + " and the slot"
+	}
+	var incremental int
+	for _, e := range f.mem.Events() {
+		if e.From == "received" && e.TokensHeld > 0 && e.TokensPrefill < e.TokensHeld {
+			incremental++
+		}
+	}
+	if incremental != 3 {
+		t.Fatalf("%d incremental decisions, want 3 (then whole prompts)", incremental)
+	}
+}

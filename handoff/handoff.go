@@ -187,6 +187,7 @@ type Outcome struct {
 	Start    int           // the provider's --start (0 on the file route)
 	Provider time.Duration // the provider's run, 0 when it did not run
 	Ran      bool          // the provider ran to the end (success or not)
+	Exit     int           // its exit status when Ran (a warm provider: 0 ok, 1 failed the job)
 }
 
 // RunFrom is Run for a slot whose cells 0..start-1 already hold tokens'
@@ -429,6 +430,7 @@ type received struct {
 func (w *work) ran(res provider.Result) {
 	w.out.Provider = res.Duration
 	w.out.Ran = res.ExitCode >= 0
+	w.out.Exit = res.ExitCode
 }
 
 func (w *work) shared(ctx context.Context, tokens []int, start int) string {
