@@ -34,6 +34,9 @@
 // Taking a slot (Take) makes its memory unconfirmed until Confirm; Forget,
 // ForgetAll (a decoder restart, an erase, any proxied request that may
 // evaluate tokens) and any error drop it. A Confirm that races a ForgetAll
-// is ignored (epochs). A forgotten prefix means a full handoff: the one
+// is ignored (epochs). The decoder's identity (Observe: a launched
+// decoder's pid) lives with the memory, so a restart forgets every slot
+// before any Take can use it, and Valid tells whether a ticket's prefix
+// survived until after the handoff. A forgotten prefix means a full handoff: the one
 // failure that must never happen is stale KV.
 package planner
