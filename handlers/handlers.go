@@ -11,6 +11,13 @@
 // Config.BodyTimeout (408). A completion's body is refused 413 from its
 // Content-Length before it is read. Every error is in llama-server's shape
 // {"error":{"code":N,"message":"…","type":"…"}}. docs/security.md says why.
+//
+// With a Handoff, a completion is tokenized, takes the free slot holding
+// the longest confirmed prefix of its prompt, and is handed over or not as
+// package planner decides (Config.HandoffMode); the decision and its
+// inputs travel on the event that leaves received, a skip being the plain
+// route. The decoder's answer confirms what the slot then holds (reply.go).
+// docs/planner.md has the rules.
 package handlers
 
 import (
