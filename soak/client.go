@@ -198,16 +198,23 @@ func tail(s string) string {
 	return s
 }
 
-// healthy reports whether base's /health answers 200 within a second.
-func healthy(hc *http.Client, base string) bool {
+// health asks base's /health (within a second): whether it answered 200,
+// and onebitd's word on its warm provider ("ok" when ready).
+func health(hc *http.Client, base string) (ok bool, provider string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/health", nil)
 	resp, err := hc.Do(req)
 	if err != nil {
-		return false
+		return false, ""
 	}
 	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode == http.StatusOK
+	var h struct {
+		Onebitd struct {
+			Provider string `json:"provider"`
+		} `json:"onebitd"`
+	}
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	_ = json.Unmarshal(raw, &h)
+	return resp.StatusCode == http.StatusOK, h.Onebitd.Provider
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -227,4 +228,70 @@ func poll(timeout time.Duration, cond func() bool) bool {
 		}
 		time.Sleep(delay) // polling interval, not synchronisation
 	}
+}
+
+// ppid is pid's parent (0 when unknown).
+func ppid(pid int) int {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(stat)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:]) // state, ppid, …
+	if len(f) < 2 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[1])
+	return n
+}
+
+// describeSockets names pid's sockets: "tcp LOCAL>REMOTE STATE" or "unix PATH"
+// (an unnamed unix socket is the client side of a connection), for reports.
+func describeSockets(pid int) []string {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, _ := os.ReadDir(dir)
+	inodes := map[string]bool{}
+	for _, e := range ents {
+		link, _ := os.Readlink(filepath.Join(dir, e.Name()))
+		if strings.HasPrefix(link, "socket:[") {
+			inodes[strings.TrimSuffix(strings.TrimPrefix(link, "socket:["), "]")] = true
+		}
+	}
+	var out []string
+	tcpStates := map[string]string{"01": "ESTABLISHED", "06": "TIME_WAIT", "08": "CLOSE_WAIT", "0A": "LISTEN"}
+	for _, f := range []string{"tcp", "tcp6"} {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, f))
+		for _, l := range strings.Split(string(b), "\n")[1:] {
+			c := strings.Fields(l)
+			if len(c) > 9 && inodes[c[9]] {
+				st := tcpStates[c[3]]
+				if st == "" {
+					st = "state " + c[3]
+				}
+				out = append(out, fmt.Sprintf("tcp %s>%s %s", c[1], c[2], st))
+				delete(inodes, c[9])
+			}
+		}
+	}
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/net/unix", pid))
+	for _, l := range strings.Split(string(b), "\n")[1:] {
+		c := strings.Fields(l)
+		if len(c) > 6 && inodes[c[6]] {
+			path := "(unnamed)"
+			if len(c) > 7 {
+				path = c[7]
+			}
+			out = append(out, "unix "+path)
+			delete(inodes, c[6])
+		}
+	}
+	for in := range inodes {
+		out = append(out, "socket "+in)
+	}
+	slices.Sort(out)
+	return out
 }

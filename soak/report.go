@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -62,10 +63,12 @@ type Report struct {
 	stacks     map[string]*StackReport
 	Violations []string
 	Orphans    []string
+	shapes     map[string]int // "entry stream=bool" → requests
 }
 
 func newReport(cfg Config) *Report {
-	return &Report{Seed: cfg.Seed, Duration: cfg.Duration, rows: make(map[string]*row), stacks: make(map[string]*StackReport)}
+	return &Report{Seed: cfg.Seed, Duration: cfg.Duration, rows: make(map[string]*row), stacks: make(map[string]*StackReport),
+		shapes: make(map[string]int)}
 }
 
 func (r *Report) stack(name string) *StackReport {
@@ -84,9 +87,10 @@ func (r *Report) baseline(name string, f fds) {
 // maxViolations bounds the list kept (the counts stay exact).
 const maxViolations = 200
 
-func (r *Report) add(stackName string, f *Fault, o outcome, route string, leak bool, why string) {
+func (r *Report) add(stackName string, f *Fault, ep Entry, stream bool, o outcome, route string, leak bool, why string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.shapes[fmt.Sprintf("%s %s", ep, map[bool]string{true: "stream", false: "whole"}[stream])]++
 	rw := r.rows[f.Name]
 	if rw == nil {
 		rw = &row{Outcomes: map[outcome]int{}, Routes: map[string]int{}}
@@ -155,8 +159,14 @@ func (r *Report) Markdown(w io.Writer) {
 	for _, rw := range r.rows {
 		total += rw.Injected
 	}
-	fmt.Fprintf(w, "Soak %s: %d requests in %v (asked %v), seed %d, %d CPUs, %s/%s.\n\n", verdict, total,
-		r.Elapsed.Round(time.Second), r.Duration, r.Seed, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH)
+	fmt.Fprintf(w, "Soak %s: %d requests in %v (asked %v), seed %d, finished %s.\n\n", verdict, total,
+		r.Elapsed.Round(time.Second), r.Duration, r.Seed, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(w, "Machine: %s, %d CPUs, Linux %s, %s.\n\n", cpuModel(), runtime.NumCPU(), kernel(), runtime.Version())
+	var shapes []string
+	for _, k := range slices.Sorted(maps.Keys(r.shapes)) {
+		shapes = append(shapes, fmt.Sprintf("%s %d", k, r.shapes[k]))
+	}
+	fmt.Fprintf(w, "Requests by entry point: %s.\n\n", strings.Join(shapes, ", "))
 	fmt.Fprintln(w, "| fault | injected | outcome | routes (fallback@step) | leaks |")
 	fmt.Fprintln(w, "|---|---:|---|---|---:|")
 	for _, f := range Faults {
@@ -208,4 +218,21 @@ func (r *Report) Markdown(w io.Writer) {
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// cpuModel is the first "model name" of /proc/cpuinfo.
+func cpuModel() string {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown CPU"
+}
+
+// kernel is the running kernel's release.
+func kernel() string {
+	b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	return strings.TrimSpace(string(b))
 }

@@ -69,6 +69,7 @@ type stack struct {
 	url      string
 	log      *logTail
 	baseline fds
+	baseSock []string // describeSockets at the baseline
 }
 
 // Run runs a soak and returns its report; the error is for a soak that could
@@ -215,7 +216,7 @@ func (r *runner) start(s *stack) error {
 	}
 	s.p, s.url = p, url
 	s.log = newLogTail(filepath.Join(s.dir, "events.jsonl"))
-	if !poll(restartWait, func() bool { return healthy(r.hc, s.url) }) {
+	if !poll(restartWait, func() bool { return r.ready(s) }) {
 		return fmt.Errorf("%w: %s: /health never answered 200", ErrStart, s.name)
 	}
 	return nil
@@ -240,12 +241,13 @@ func (r *runner) warmUp(ctx context.Context, s *stack) error {
 	var err error
 	ok := poll(settleWait, func() bool {
 		s.baseline, err = countFDs(s.p.pid())
-		return err == nil && s.baseline.memfds == 0 && len(r.unexpectedChildren(s)) == 0
+		return err == nil && s.baseline.memfds == 0 && len(r.unexpectedChildren(s, true)) == 0
 	})
 	if !ok {
 		return fmt.Errorf("%w: %s: no quiet baseline after the warm-up (%v, %v)", ErrStart, s.name, s.baseline, err)
 	}
 	s.baseline, _ = countFDs(s.p.pid())
+	s.baseSock = describeSockets(s.p.pid())
 	r.rep.baseline(s.name, s.baseline)
 	return nil
 }
@@ -340,9 +342,15 @@ func (r *runner) one(ctx context.Context, s *stack, f *Fault, rng *rand.Rand) {
 	if f.Expect == outIdentical {
 		var err error
 		if want, err = r.plainAnswer(ctx, prompt, ep); err != nil {
-			r.rep.add(s.name, f, outViolation, "", false, err.Error())
+			r.rep.add(s.name, f, ep, stream, outViolation, "", false, err.Error())
 			return
 		}
+	}
+	// One request at a time, on a stack at rest: the warm provider may be
+	// waiting out its restart backoff after a hang killed it.
+	if !poll(2*settleWait, func() bool { return r.ready(s) }) {
+		r.rep.add(s.name, f, ep, stream, outViolation, "", false, fmt.Sprintf("%s: not ready (/health) in %v", s.name, 2*settleWait))
+		return
 	}
 	var killed int
 	mid := func() bool {
@@ -394,6 +402,9 @@ func (r *runner) one(ctx context.Context, s *stack, f *Fault, rng *rand.Rand) {
 	if got != outViolation && f.Fallback && a.route != "fallback" {
 		why, got = fmt.Sprintf("%s: route %q, want fallback (the fault did not fire)", what, a.route), outViolation
 	}
+	if got != outViolation && !f.Fallback && a.route != s.route {
+		why, got = fmt.Sprintf("%s: route %q, want %s (nothing in this request should fail the handoff)", what, a.route, s.route), outViolation
+	}
 	if a.reqID == "" && got != outViolation {
 		why, got = what+": no X-Onebit-Request-Id", outViolation
 	}
@@ -401,14 +412,14 @@ func (r *runner) one(ctx context.Context, s *stack, f *Fault, rng *rand.Rand) {
 	if a.reqID != "" {
 		if !r.waitTerminal(s, a.reqID) {
 			why, got = joinWhy(why, fmt.Sprintf("%s: not terminal in the event log after %v (%+v)", what, terminalWait, s.log.get(a.reqID))), outViolation
-		} else if st := s.log.get(a.reqID); f.Fallback && got != outViolation && st.step == "" {
-			why, got = what+": the log has no fallback step", outViolation
+		} else if st := s.log.get(a.reqID); f.Fallback && got != outViolation && !slices.Contains(f.Steps, st.step) {
+			why, got = fmt.Sprintf("%s: fell back at step %q (%s), not at the fault's %v: the fault did not fire", what, st.step, st.reason, f.Steps), outViolation
 		}
 	}
-	if f.Harness == hKillDecoder && !poll(restartWait, func() bool { return healthy(r.hc, s.url) }) {
+	if f.Harness == hKillDecoder && !poll(restartWait, func() bool { return r.ready(s) }) {
 		why, got = joinWhy(why, what+": the decoder was not serving again after "+restartWait.String()), outViolation
 	}
-	leak := r.settled(s)
+	leak := r.settled(s, false)
 	if leak != "" {
 		why = joinWhy(why, what+": "+leak)
 	}
@@ -416,7 +427,7 @@ func (r *runner) one(ctx context.Context, s *stack, f *Fault, rng *rand.Rand) {
 	if st := s.log.get(a.reqID); st != nil {
 		step = st.step
 	}
-	r.rep.add(s.name, f, got, routeOf(a.route, step), leak != "", why)
+	r.rep.add(s.name, f, ep, stream, got, routeOf(a.route, step), leak != "", why)
 }
 
 func joinWhy(a, b string) string {
@@ -438,6 +449,13 @@ func routeOf(route, step string) string {
 	return route
 }
 
+// ready reports whether s's /health answers 200 and, on a warm stack,
+// names the warm provider ready.
+func (r *runner) ready(s *stack) bool {
+	ok, provider := health(r.hc, s.url)
+	return ok && (!s.warm || provider == "ok")
+}
+
 func (r *runner) waitTerminal(s *stack, id string) bool {
 	return poll(terminalWait, func() bool {
 		_ = s.log.update()
@@ -456,8 +474,9 @@ func (r *runner) decoderPID(s *stack) int {
 }
 
 // unexpectedChildren describes what is wrong with s's children: exactly one
-// decoder, plus the warm provider on a warm stack (it may be restarting).
-func (r *runner) unexpectedChildren(s *stack) []string {
+// decoder, plus the warm provider on a warm stack (between requests it may
+// be waiting out its restart backoff, up to 10 s; at rest it must run).
+func (r *runner) unexpectedChildren(s *stack, atRest bool) []string {
 	var bad []string
 	nDec, nWarm := 0, 0
 	for _, pid := range children(s.p.pid()) {
@@ -478,7 +497,7 @@ func (r *runner) unexpectedChildren(s *stack) []string {
 	if nDec != 1 {
 		bad = append(bad, fmt.Sprintf("%d decoders", nDec))
 	}
-	if nWarm > 1 || (s.warm && nWarm == 0) {
+	if nWarm > 1 || (s.warm && atRest && nWarm == 0) {
 		bad = append(bad, fmt.Sprintf("%d warm providers", nWarm))
 	}
 	return bad
@@ -506,9 +525,13 @@ func slotDirLeftovers(dir string) []string {
 // settled waits until s is back at rest after a request: no file left in
 // the slot dir, no memfd and no more non-socket fds than the baseline, the
 // expected children. It returns what is still wrong after settleWait.
-func (r *runner) settled(s *stack) string {
+func (r *runner) settled(s *stack, atRest bool) string {
 	var last string
-	ok := poll(settleWait, func() bool {
+	wait := settleWait
+	if atRest {
+		wait = 2 * settleWait // the warm provider's backoff is at most 10 s
+	}
+	ok := poll(wait, func() bool {
 		var bad []string
 		if left := slotDirLeftovers(s.slotDir); len(left) > 0 {
 			bad = append(bad, fmt.Sprintf("slot dir holds %v", left))
@@ -519,7 +542,7 @@ func (r *runner) settled(s *stack) string {
 		} else if f.memfds > 0 || f.other > s.baseline.other {
 			bad = append(bad, fmt.Sprintf("onebitd holds %v fds, baseline %v", f, s.baseline))
 		}
-		if c := r.unexpectedChildren(s); len(c) > 0 {
+		if c := r.unexpectedChildren(s, atRest); len(c) > 0 {
 			bad = append(bad, fmt.Sprintf("children: %v", c))
 		}
 		last = strings.Join(bad, "; ")
@@ -537,16 +560,9 @@ func (r *runner) settled(s *stack) string {
 // (exit 0, nothing left running) and `onebitd replay` passes on its log.
 func (r *runner) finalChecks(work []*stack) {
 	r.hc.CloseIdleConnections()
-	expected := map[int]bool{}
-	for _, s := range r.stacks {
-		expected[s.p.pid()] = true
-		for _, c := range children(s.p.pid()) {
-			expected[c] = true
-		}
-	}
 	for _, s := range work {
 		c := &r.rep.stack(s.name).Final
-		c.Settled = r.settled(s)
+		c.Settled = r.settled(s, true)
 		var f fds
 		ok := poll(settleWait, func() bool {
 			f, _ = countFDs(s.p.pid())
@@ -554,15 +570,21 @@ func (r *runner) finalChecks(work []*stack) {
 		})
 		c.FDs = f
 		if !ok {
-			c.FDLeak = fmt.Sprintf("onebitd holds %v fds, baseline %v", f, s.baseline)
+			c.FDLeak = fmt.Sprintf("onebitd holds %v fds, baseline %v; sockets %v, at the baseline %v",
+				f, s.baseline, describeSockets(s.p.pid()), s.baseSock)
 		}
 		_ = s.log.update()
 		c.Open = s.log.open()
 		c.Requests = s.log.count()
 	}
-	if o := procsMentioning(r.root, expected); len(o) > 0 {
-		for _, pid := range o {
-			r.rep.Orphans = append(r.rep.Orphans, fmt.Sprintf("%d %s", pid, truncate(cmdline(pid), 120)))
+	// Every process of the run is a stack's onebitd or one of its children.
+	stacks := map[int]bool{}
+	for _, s := range r.stacks {
+		stacks[s.p.pid()] = true
+	}
+	for _, pid := range procsMentioning(r.root, stacks) {
+		if !stacks[ppid(pid)] {
+			r.rep.Orphans = append(r.rep.Orphans, fmt.Sprintf("%d (parent %d) %s", pid, ppid(pid), truncate(cmdline(pid), 120)))
 		}
 	}
 	for _, s := range r.stacks {
