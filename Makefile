@@ -21,6 +21,7 @@ test-short: ## quick tests (no long end-to-end prompts)
 
 bench: build ## Go benchmarks of the hot paths + the side-by-side harness (docs/BENCHMARKS.md); BENCH_BASE=old.out compares before → after
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./fdpass ./event ./eventlog ./bus ./handoff ./handlers ./decoder ./internal/decodersim 2>&1 | tee bench.out
+	$(GO) test -run '^$$' -bench HandoffBreakEven -benchtime 1x -count 3 ./daemon 2>&1 | tee -a bench.out
 	$(GO) run ./cmd/onebit-bench -out docs/BENCHMARKS.md -gobench bench.out $(if $(BENCH_BASE),-gobench-base $(BENCH_BASE))
 
 run: build ## run onebitd (embedded NATS; the decoder simulator when LLAMA_SERVER is unset)

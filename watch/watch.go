@@ -117,6 +117,25 @@ func AppendLine(dst []byte, e *event.Event, colour bool, loc *time.Location) []b
 }
 
 func appendAttrs(dst []byte, e *event.Event) []byte {
+	if e.Decision != "" { // the event leaving received: --handoff's decision
+		dst = append(dst, " decision="...)
+		dst = appendWord(dst, e.Decision)
+		if e.DecisionBasis != "" {
+			dst = append(dst, '(')
+			dst = appendWord(dst, e.DecisionBasis)
+			dst = append(dst, ')')
+		}
+		if e.PredictedDecoder != 0 || e.PredictedHandoff != 0 {
+			dst = append(dst, " predicted_decoder_ms="...)
+			dst = strconv.AppendFloat(dst, float64(e.PredictedDecoder)/1000, 'f', 1, 64)
+			dst = append(dst, " predicted_handoff_ms="...)
+			dst = strconv.AppendFloat(dst, float64(e.PredictedHandoff)/1000, 'f', 1, 64)
+		}
+		dst = append(dst, " held="...)
+		dst = strconv.AppendInt(dst, int64(e.TokensHeld), 10)
+		dst = append(dst, " prefill="...)
+		dst = strconv.AppendInt(dst, int64(e.TokensPrefill), 10)
+	}
 	if e.ShareID != nil {
 		dst = append(dst, " share_id="...)
 		dst = strconv.AppendInt(dst, *e.ShareID, 10)

@@ -43,6 +43,10 @@ var lineCases = []struct {
 	{"provider exit 0 shown", event.Event{Time: t0, Node: "node-a", RequestID: "r5", Route: "file", Event: "prefill", From: "received", To: "prefilled", ProviderExit: ptr(0), ElapsedUS: 40}},
 	{"failed", event.Event{Time: t0, Node: "node-a", RequestID: "r6", Route: "plain", Event: "fail", From: "forwarding", To: "failed", Reason: "client went away", HTTPStatus: 502, ElapsedUS: 5}},
 	{"decoder lifecycle", event.Event{Time: t0, Node: "node-a", Event: "decoder.ready"}},
+	{"skip decision", event.Event{Time: t0, Node: "node-a", RequestID: "r9", Route: "plain", Event: "forward", From: "received", To: "forwarding", ElapsedUS: 3,
+		Decision: "skip", DecisionBasis: "model", PredictedDecoder: 4200, PredictedHandoff: 21500, TokensHeld: 300, TokensPrefill: 12}},
+	{"incremental handoff", event.Event{Time: t0, Node: "node-a", RequestID: "r10", Route: "shared", Event: "listen", From: "received", To: "listening", ElapsedUS: 9,
+		Decision: "handoff", DecisionBasis: "held", TokensHeld: 900, TokensPrefill: 140}},
 	{"hostile strings", event.Event{Time: t0, Node: "evil\x1b[2Jnode", RequestID: "r 7\n", Route: "sha\"red", Event: "x", From: "", To: "adopted", Reason: "a\x1b[31mb\r\nc"}},
 	{"non-ascii", event.Event{Time: t0, Node: "nœud", RequestID: "r8", Route: "shared", Event: "adopt", From: "prefilled", To: "adopted", ElapsedUS: 1}},
 }
