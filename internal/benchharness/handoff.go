@@ -127,6 +127,7 @@ type handoffStack struct {
 	calls    *callLog
 	events   *eventsByRequest
 	stops    []func()
+	sent     int // requests sent to this stack's decoder slot: the prompt variant alternates
 }
 
 func (s *handoffStack) close() {
@@ -284,13 +285,19 @@ func runHandoff(ctx context.Context, c *Config, log *slog.Logger) (*HandoffResul
 		}
 		stacks = append(stacks, s)
 	}
-	bodies := map[int][]byte{}
+	// Two variants per size, sent in turn, so that no request finds its
+	// prompt already in the slot.
+	bodies := map[int][2][]byte{}
 	for _, n := range HandoffSizes {
-		text := promptText(n)
-		if got := promptTokens(text); got != n {
-			return nil, fmt.Errorf("prompt of %d tokens has %d", n, got)
+		var b [2][]byte
+		for v := range b {
+			text := promptVariant(n, v)
+			if got := promptTokens(text); got != n {
+				return nil, fmt.Errorf("prompt of %d tokens has %d", n, got)
+			}
+			b[v] = completionBody(text, 1, false)
 		}
-		bodies[n] = completionBody(text, 1, false)
+		bodies[n] = b
 	}
 	hc := newClient()
 	type key struct {
@@ -306,7 +313,8 @@ func runHandoff(ctx context.Context, c *Config, log *slog.Logger) (*HandoffResul
 			url = s.inURL
 		}
 		s.calls.take()
-		r, err := post(ctx, hc, url+"/completion", bodies[n])
+		s.sent++ // the slot's last prompt was the other variant
+		r, err := post(ctx, hc, url+"/completion", bodies[n][s.sent%2])
 		if err != nil {
 			return fmt.Errorf("%s route, %d tokens: %w", s.label, n, err)
 		}

@@ -83,17 +83,26 @@ func startSim(ctx context.Context, c *Config, model string, args ...string) (*Pr
 func startOnebitd(ctx context.Context, c *Config, decoderURL, stateDir string, args ...string) (*Proc, string, error) {
 	all := append([]string{"serve", "--listen", "127.0.0.1:0", "--decoder-url", decoderURL,
 		"--state-dir", stateDir, "--nats-listen", "127.0.0.1:0", "--node", "bench",
-		"--log-format", "json"}, args...)
+		"--log-format", "json", "--handoff", "always"}, args...) // every request handed over: the handoff is what is measured
 	return startProc(ctx, c.bin("onebitd"), reOnebitdReady, all...)
 }
 
 // promptText is a text of exactly n tokens (BOS included) in the sim
 // tokenizer: n-1 vocabulary words.
-func promptText(n int) string {
+func promptText(n int) string { return promptVariant(n, 0) }
+
+// promptVariant is promptText's v-th variant: the same length, a different
+// first word, so that consecutive requests share no prefix beyond BOS and
+// every handoff is a whole prompt's (onebitd reuses what a slot holds).
+func promptVariant(n, v int) string {
 	ws := []string{" the", " cache", " of", " decoder", " slot", " token", " prefill", " and", " is", " water"}
 	var b strings.Builder
 	for i := 1; i < n; i++ {
-		b.WriteString(ws[(i*7+i/10)%len(ws)])
+		j := i*7 + i/10
+		if i == 1 {
+			j += v
+		}
+		b.WriteString(ws[j%len(ws)])
 	}
 	return b.String()
 }
