@@ -504,16 +504,3 @@ func shortDir(t *testing.T) string {
 	return dir
 }
 
-func chmod(t *testing.T, path string, mode os.FileMode) {
-	t.Helper()
-	if err := os.Chmod(path, mode); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func touch(t *testing.T, dir, name string) {
-	t.Helper()
-	if err := os.WriteFile(filepath.Join(dir, name), []byte("in the way"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}

@@ -173,5 +173,3 @@ func Ratio(a, b float64) float64 {
 	return a / b
 }
 
-// durRatio is a/b of two durations.
-func durRatio(a, b time.Duration) float64 { return Ratio(float64(a), float64(b)) }

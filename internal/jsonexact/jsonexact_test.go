@@ -25,7 +25,8 @@ type body struct {
 	Messages []msg  `json:"messages"`
 	Skip     string `json:"-"`
 	NoTag    int
-	hidden   int
+	//lint:ignore U1000 an unexported field is there to be skipped
+	hidden int
 }
 
 func ip(v int) *int { return &v }
