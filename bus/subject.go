@@ -49,9 +49,9 @@ func tokenByte(c byte) bool {
 }
 
 // lifecycleKinds are the event name prefixes with a subject of their own
-// (DESIGN §5): the decoder's and the provider's (warm provider, prefill
-// server) lifecycle, and the event log's own lines.
-var lifecycleKinds = []string{"decoder", "provider", "eventlog"}
+// (DESIGN §5): the decoder's, the warm provider's and the prefill server's
+// lifecycle, and the event log's own lines.
+var lifecycleKinds = []string{"decoder", "provider", "prefill", "eventlog"}
 
 // eventSubject is the subject of an event that does not enter a request
 // state (To is empty): "decoder.<what>" goes to "onebit.<node>.decoder.<what>",

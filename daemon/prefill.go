@@ -70,20 +70,21 @@ func (o *Options) prefillArgs() []string {
 }
 
 // renameSink gives the prefill server's lifecycle events their own name
-// ("decoder.ready" → "provider.ready": DESIGN §5's onebit.<node>.provider.*).
+// ("decoder.ready" → "prefill.ready", on onebit.<node>.prefill.*), apart
+// from the decoder's and from a warm provider's (provider.*).
 type renameSink struct{ next event.Sink }
 
 func (s renameSink) Emit(e *event.Event) {
 	if rest, ok := strings.CutPrefix(e.Event, "decoder."); ok {
-		e.Event = "provider." + rest
+		e.Event = "prefill." + rest
 	}
 	s.next.Emit(e)
 }
 
 // startPrefill launches the prefill server and points the provider at it:
 // onebit-prefill --prefill-url URL --slots N, on the file route. A dead
-// prefill server is restarted by its launcher; meanwhile onebit-prefill
-// fails and requests fall back to the plain answer.
+// prefill server is restarted by its launcher (prefill.* events); meanwhile
+// onebit-prefill fails and requests fall back to the plain answer.
 func (d *Daemon) startPrefill(ctx context.Context, slots int) error {
 	o := &d.opts
 	if o.PrefillBin == "" {

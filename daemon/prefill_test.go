@@ -17,6 +17,12 @@ import (
 // plain text with prompt_n 1; kill -9 of the prefill server means fallbacks
 // with one reason until it is back, then the file route again.
 func TestPrefillServer(t *testing.T) {
+	for _, mode := range []string{ProviderModeExec, ProviderModeServe} {
+		t.Run(mode, func(t *testing.T) { testPrefillServer(t, mode) })
+	}
+}
+
+func testPrefillServer(t *testing.T, mode string) {
 	state := t.TempDir()
 	model := filepath.Join(state, "m.gguf")
 	if err := os.WriteFile(model, []byte("GGUF-SIM prefill\n"), 0o600); err != nil {
@@ -35,6 +41,7 @@ func TestPrefillServer(t *testing.T) {
 	o.StateDir = filepath.Join(state, "hybrid")
 	o.PrefillBin = simBin
 	o.PrefillProvider = prefillBin
+	o.ProviderMode = mode // serve: onebit-prefill --serve, one warm provider
 	s := runDaemon(t, o)
 	got := complete(t, s.d.URL(), testPrompt)
 	if got.status != 200 || got.route != "file" || got.content != want.content || got.promptN != 1 {
@@ -65,12 +72,12 @@ func TestPrefillServer(t *testing.T) {
 		a := complete(t, s.d.URL(), testPrompt)
 		return a.route == "file" && a.content == want.content && a.promptN == 1
 	})
-	const wantLife = "provider.starting,provider.ready,provider.exited,provider.starting,provider.ready"
+	const wantLife = "prefill.starting,prefill.ready,prefill.exited,prefill.starting,prefill.ready"
 	var lifecycle []string
 	obtest.WaitFor(t, 10*time.Second, "the prefill server's lifecycle events", func() bool {
 		lifecycle = lifecycle[:0]
 		for _, e := range readLog(t, s.d) {
-			if strings.HasPrefix(e.Event, "provider.") {
+			if strings.HasPrefix(e.Event, "prefill.") {
 				lifecycle = append(lifecycle, e.Event)
 			}
 		}

@@ -5,6 +5,7 @@
 //
 //	onebit-prefill --prefill-url URL [--slot N | --slots N] [--timeout D] \
 //	    --tokens FILE --model GGUF --state /dir/STEM.bin
+//	onebit-prefill --serve --socket PATH --prefill-url URL [--slots N]   # warm (DESIGN §2c)
 //
 // The prefill server must load the same model as the decoder and run with
 // --slot-save-path equal to dirname(--state) (onebitd's --slot-dir). onebitd
@@ -40,6 +41,8 @@ func run(args []string, stderr io.Writer) int {
 	fs.StringVar(&cfg.TokensPath, "tokens", "", "JSON array of the prompt's token ids (required)")
 	fs.StringVar(&cfg.Model, "model", "", "model GGUF; its file name must match the prefill server's model (required)")
 	fs.StringVar(&cfg.StatePath, "state", "", "state file to produce, in the prefill server's --slot-save-path (required)")
+	serve := fs.Bool("serve", false, "warm mode (onebitd --provider-mode serve): take jobs on --socket instead of one run; each job names its tokens, model and state file")
+	socket := fs.String("socket", "", "with --serve: the unix socket to listen on")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -52,6 +55,18 @@ func run(args []string, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	if *serve {
+		if *socket == "" || cfg.PrefillURL == "" {
+			fmt.Fprintln(stderr, "onebit-prefill: --serve needs --socket and --prefill-url")
+			return 2
+		}
+		err := prefill.Serve(ctx, *socket, cfg, func() { fmt.Fprintf(stderr, "onebit-prefill serving on %s\n", *socket) })
+		if err != nil {
+			fmt.Fprintf(stderr, "onebit-prefill: %v\n", err)
+			return 1
+		}
+		return 0
+	}
 	res, err := prefill.Run(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "onebit-prefill: %v\n", err)

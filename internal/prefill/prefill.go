@@ -79,6 +79,7 @@ type Config struct {
 	Slots      int           // --slots: use any free one of slots 0..Slots-1 instead (0: only Slot)
 	Timeout    time.Duration // --timeout: the whole run (0: DefaultTimeout)
 	TokensPath string        // --tokens
+	Tokens     []int         // the tokens themselves instead of TokensPath (warm mode: from the job)
 	Model      string        // --model: checked against the server's /props model_path basename
 	StatePath  string        // --state: where the state file must end up
 	HTTP       *http.Client  // nil: a default client
@@ -111,7 +112,7 @@ func (c *Config) check() error {
 	switch {
 	case c.PrefillURL == "":
 		return bad("--prefill-url is required")
-	case c.TokensPath == "":
+	case c.TokensPath == "" && c.Tokens == nil:
 		return bad("--tokens is required")
 	case c.Model == "":
 		return bad("--model is required")
@@ -152,9 +153,12 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	toks, err := ReadTokensFile(cfg.TokensPath)
-	if err != nil {
-		return res, err
+	toks := cfg.Tokens
+	if toks == nil {
+		var err error
+		if toks, err = ReadTokensFile(cfg.TokensPath); err != nil {
+			return res, err
+		}
 	}
 	res.NTokens = len(toks)
 	var opts []decoder.Option
