@@ -172,4 +172,3 @@ func Ratio(a, b float64) float64 {
 	}
 	return a / b
 }
-
