@@ -4,12 +4,15 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"github.com/onebitd/onebitd/internal/obtest"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestConcurrentSlots: --slots 4 (decoder -np 4) and 16 concurrent mixed
@@ -191,5 +194,76 @@ func TestDrainOnSIGTERM(t *testing.T) {
 	}
 	if !strings.Contains(e.onebit.Logs(), "onebitd stopped cleanly") {
 		t.Fatalf("no clean stop in the log:\n%s", tail(e.onebit.Logs()))
+	}
+}
+
+// TestSIGTERMWithHungProvider (issue 10): SIGTERM while a provider hangs
+// (its limit, 60 s by default, beyond the drain's): onebitd cuts the
+// handoff short before the drain limit, the client gets the plain answer,
+// onebitd exits 0 within the limit, and nothing is left in the slot dir
+// or as a process.
+func TestSIGTERMWithHungProvider(t *testing.T) {
+	t.Parallel() // own processes, ports and temp dirs
+	plain := newEnv(t, envOpts{})
+	text := prompt(45, 300)
+	want := complete(t, plain.onebitURL, epCompletion, false, text, 8)
+	e := newEnv(t, envOpts{provider: true, share: true,
+		onebitArgs: []string{"--provider-arg=--hang", "--provider-timeout", "60s", "--drain-timeout", "8s"}})
+	got := make(chan result, 1)
+	go func() { got <- complete(t, e.onebitURL, epCompletion, false, text, 8) }()
+	var prov int
+	obtest.WaitFor(t, 20*time.Second, "the provider to run", func() bool {
+		kids := children(e.onebit.PID())
+		if len(kids) == 1 {
+			prov = kids[0]
+		}
+		return prov != 0
+	})
+	start := time.Now()
+	e.onebit.cmd.Process.Signal(syscall.SIGTERM)
+	r := <-got
+	if r.status != 200 || r.route != "fallback" || r.text != want.text {
+		t.Fatalf("answer during the drain: %d %s %q, want the plain text %q", r.status, r.route, r.text, want.text)
+	}
+	<-e.onebit.done
+	took := time.Since(start)
+	if code := e.onebit.cmd.ProcessState.ExitCode(); code != 0 || took > 8*time.Second {
+		t.Fatalf("exit %d after %s (drain limit 8s)\n%s", code, took, tail(e.onebit.Logs()))
+	}
+	if !obtest.Gone(prov) {
+		t.Fatalf("the hung provider %d outlived onebitd", prov)
+	}
+	if left, _ := dirEntries(e.slotDir); len(left) != 0 {
+		t.Fatalf("left in the slot dir: %v", left)
+	}
+	if !strings.Contains(e.onebit.Logs(), "shutting down") {
+		t.Fatalf("the fallback does not say onebitd was shutting down:\n%s", tail(e.onebit.Logs()))
+	}
+}
+
+// TestKill9WithHungProviders (issue 10): kill -9 of onebitd while its
+// providers hang holding the decoder's KV memfds: no provider survives and
+// no process but the decoder holds a memfd of the decoder's.
+func TestKill9WithHungProviders(t *testing.T) {
+	t.Parallel() // own processes, ports and temp dirs
+	e := newEnv(t, envOpts{provider: true, share: true, simArgs: []string{"-np", "2"},
+		onebitArgs: []string{"--slots", "2", "--provider-arg=--hang", "--provider-timeout", "60s"}})
+	for i := range 2 {
+		go httpPost(e.onebitURL+"/completion", `{"prompt": `+strconv.Quote(prompt(uint64(90+i), 300))+`, "n_predict": 4}`)
+	}
+	var provs []int
+	obtest.WaitFor(t, 20*time.Second, "two hung providers holding regions", func() bool {
+		provs = children(e.onebit.PID())
+		return len(provs) == 2
+	})
+	for _, p := range provs {
+		if _, mem := fdSnapshot(t, p); len(mem) == 0 {
+			t.Fatalf("provider %d holds no memfd: the test would prove nothing", p)
+		}
+	}
+	syscall.Kill(e.onebit.PID(), syscall.SIGKILL)
+	<-e.onebit.done
+	for _, p := range provs {
+		obtest.WaitFor(t, 10*time.Second, "the providers to die with onebitd", func() bool { return obtest.Gone(p) })
 	}
 }
