@@ -194,7 +194,8 @@ type Bus struct {
 	skipBoot string
 	skipSeq  uint64
 	deferred atomic.Uint64
-	resumeAt    int64         // log offset where the next catch-up pass starts (catch-up goroutine only)
+	curBoot  atomic.Pointer[string] // boot of this process's events (the publisher's last item)
+	resumeAt int64                  // log offset where the next catch-up pass starts (catch-up goroutine only)
 
 	boMu sync.Mutex
 	bo   *backoff.ExponentialBackOff
@@ -501,6 +502,12 @@ func (b *Bus) publisher() {
 }
 
 func (b *Bus) publish(it item) {
+	if it.node == b.cfg.Node && it.boot != "" {
+		if cur := b.curBoot.Load(); cur == nil || *cur != it.boot {
+			boot := it.boot
+			b.curBoot.Store(&boot)
+		}
+	}
 	if b.js != nil && b.keepBack(it) {
 		return
 	}

@@ -44,7 +44,8 @@ const (
 	// ackFlushInterval bounds how often AckedFile is rewritten.
 	ackFlushInterval = 250 * time.Millisecond
 	// hdrCatchUp marks a republished event, so that its acknowledgement
-	// counts as Stats.Republished, not Published.
+	// counts as Stats.Republished (an event of an earlier boot) or, for an
+	// event of this process kept back while behind, Published.
 	hdrCatchUp = "Onebit-Catch-Up"
 )
 
@@ -280,6 +281,14 @@ func (b *Bus) onAck(m *nats.Msg) {
 	}
 }
 
+// ofThisBoot reports whether m (a catch-up publish) is an event of this
+// process (kept back while behind), not of an earlier boot.
+func (b *Bus) ofThisBoot(m *nats.Msg) bool {
+	_, boot, _, ok := parseMsgID(m.Header.Get(nats.MsgIdHdr))
+	cur := b.curBoot.Load()
+	return ok && cur != nil && *cur == boot
+}
+
 // kickCatchUp asks for a catch-up pass (coalesced).
 func (b *Bus) kickCatchUp() {
 	if b.catchUpKick == nil {
@@ -343,6 +352,7 @@ func (b *Bus) catchUp() {
 	defer b.wg.Done()
 	flush := time.NewTicker(ackFlushInterval)
 	defer flush.Stop()
+	first := true
 	for {
 		select {
 		case <-b.done:
@@ -352,8 +362,13 @@ func (b *Bus) catchUp() {
 			continue
 		case <-b.catchUpKick:
 		}
-		// Let the burst settle; keep the record current meanwhile.
-		settle := time.NewTimer(catchUpDelay)
+		// Let the burst settle; keep the record current meanwhile. The
+		// first pass (at start, live events kept back) runs at once.
+		delay := catchUpDelay
+		if first {
+			delay, first = 0, false
+		}
+		settle := time.NewTimer(delay)
 	wait:
 		for {
 			select {
@@ -411,11 +426,20 @@ func (b *Bus) flushAcks() {
 // the publisher. It returns how many events it republished.
 func (b *Bus) catchUpPass() (int, error) {
 	f, err := os.Open(b.cfg.EventLog)
-	if errors.Is(err, fs.ErrNotExist) {
-		if b.behind.Load() {
-			b.handBack(nil) // nothing logged: nothing to keep back for
+	for waited := time.Duration(0); errors.Is(err, fs.ErrNotExist); waited += catchUpTail {
+		// No log yet: nothing to republish; events kept back will be in
+		// it once it is written.
+		if !b.behind.Load() || b.handBack(nil) {
+			return 0, nil
 		}
-		return 0, nil
+		if waited > catchUpTailMax {
+			b.forceHandBack()
+			return 0, nil
+		}
+		if err := b.pause(catchUpTail); err != nil {
+			return 0, err
+		}
+		f, err = os.Open(b.cfg.EventLog)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("bus: catch-up: %w", err)

@@ -41,7 +41,7 @@ func (b *Bus) setupJetStream(ctx context.Context) error {
 			switch {
 			case ack.Duplicate:
 				b.duplicates.Add(1)
-			case m.Header.Get(hdrCatchUp) != "":
+			case m.Header.Get(hdrCatchUp) != "" && !b.ofThisBoot(m):
 				b.republished.Add(1)
 			default:
 				b.published.Add(1)
@@ -207,11 +207,33 @@ func (b *Bus) streamLimits(c jetstream.StreamConfig) (jetstream.StreamConfig, bo
 	return c, changed
 }
 
-// streamFetchBatch and streamFetchWait bound one pull of StreamEvents.
+// streamFetchBatch and streamFetchWait bound one pull of StreamEvents; a
+// pull refused for a passing reason (a server of the cluster restarting)
+// is tried again streamFetchRetries times, streamRetryWait apart.
 const (
-	streamFetchBatch = 512
-	streamFetchWait  = 5 * time.Second
+	streamFetchBatch   = 512
+	streamFetchWait    = 5 * time.Second
+	streamFetchRetries = 10
+	streamRetryWait    = 200 * time.Millisecond
 )
+
+// transientFetch: a pull that may work when tried again.
+func transientFetch(err error) bool {
+	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoHeartbeat) ||
+		errors.Is(err, nats.ErrConnectionReconnecting)
+}
+
+// pauseCtx waits d unless ctx ends first.
+func pauseCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
 
 // StreamEvents reads stream from its first message to the last one present
 // when it is called (an ordered consumer, nothing acknowledged or left
@@ -231,6 +253,103 @@ func NodeSubjects(node string) string { return SubjectPrefix + "." + Token(node)
 // subjects, NodeSubjects; "" ⇒ every node): the server filters, so the
 // other nodes' events are not sent.
 func StreamEventsOf(ctx context.Context, c Client, stream, node string) func(yield func(event.Event, error) bool) {
+	return inSeqOrder(streamEventsRaw(ctx, c, stream, node))
+}
+
+// reorderMax bounds the events inSeqOrder holds back.
+const reorderMax = 1 << 16
+
+// inSeqOrder yields every boot's events in seq order although the stream
+// may store a few out of order: after a failure (a server of the cluster
+// dying with acknowledgements pending, a link cut with bytes in flight)
+// the bus republishes from the log what the stream did not acknowledge,
+// while some later publishes had already been stored. An event ahead of
+// its boot's next seq is held until the seqs before it arrive, at the
+// end, or when reorderMax events are held (then its boot is released in
+// seq order: the stream lacks the seqs in between). Events without a seq
+// and errors pass at once.
+func inSeqOrder(raw func(yield func(event.Event, error) bool)) func(yield func(event.Event, error) bool) {
+	type bootKey struct{ node, boot string }
+	return func(yield func(event.Event, error) bool) {
+		next := map[bootKey]uint64{}
+		held := map[bootKey]map[uint64]event.Event{}
+		var order []bootKey // boots with held events, first held first
+		nHeld := 0
+		drain := func(k bootKey) bool { // release what follows next[k]
+			h := held[k]
+			for {
+				e, ok := h[next[k]]
+				if !ok {
+					return true
+				}
+				delete(h, next[k])
+				nHeld--
+				next[k]++
+				if !yield(e, nil) {
+					return false
+				}
+			}
+		}
+		release := func(k bootKey) bool { // everything held, in seq order
+			h := held[k]
+			seqs := make([]uint64, 0, len(h))
+			for s := range h {
+				seqs = append(seqs, s)
+			}
+			slices.Sort(seqs)
+			for _, s := range seqs {
+				e := h[s]
+				delete(h, s)
+				nHeld--
+				next[k] = s + 1
+				if !yield(e, nil) {
+					return false
+				}
+			}
+			return true
+		}
+		for e, err := range raw {
+			if err != nil || e.Seq == 0 {
+				if !yield(e, err) {
+					return
+				}
+				continue
+			}
+			k := bootKey{e.Node, e.Boot}
+			n, seen := next[k]
+			switch {
+			case !seen || e.Seq == n:
+				next[k] = e.Seq + 1
+				if !yield(e, nil) || !drain(k) {
+					return
+				}
+			case e.Seq < n: // already passed: as it comes (the audit says why)
+				if !yield(e, nil) {
+					return
+				}
+			default:
+				if held[k] == nil {
+					held[k] = map[uint64]event.Event{}
+					order = append(order, k)
+				}
+				if _, dup := held[k][e.Seq]; !dup {
+					nHeld++
+				}
+				held[k][e.Seq] = e
+				if nHeld > reorderMax && !release(k) {
+					return
+				}
+			}
+		}
+		for _, k := range order {
+			if !release(k) {
+				return
+			}
+		}
+	}
+}
+
+func streamEventsRaw(ctx context.Context, c Client, stream, node string) func(yield func(event.Event, error) bool) {
 	var filter []string
 	if node != "" {
 		filter = []string{NodeSubjects(node)}
@@ -278,11 +397,16 @@ func StreamEventsOf(ctx context.Context, c Client, stream, node string) func(yie
 			yield(event.Event{}, fmt.Errorf("bus: ordered consumer on %s: %w", stream, err))
 			return
 		}
+		retries := 0
 		for {
 			bctx, cancel := context.WithTimeout(ctx, streamFetchWait)
 			batch, err := cons.Fetch(streamFetchBatch, jetstream.FetchContext(bctx))
 			if err != nil {
 				cancel()
+				if transientFetch(err) && retries < streamFetchRetries && pauseCtx(ctx, streamRetryWait) == nil {
+					retries++
+					continue
+				}
 				yield(event.Event{}, fmt.Errorf("bus: fetch from %s: %w", stream, err))
 				return
 			}
@@ -318,6 +442,13 @@ func StreamEventsOf(ctx context.Context, c Client, stream, node string) func(yie
 			if ctx.Err() != nil {
 				yield(event.Event{}, fmt.Errorf("bus: read %s: %w", stream, ctx.Err()))
 				return
+			}
+			if n == 0 && transientFetch(err) && retries < streamFetchRetries && pauseCtx(ctx, streamRetryWait) == nil {
+				retries++ // the consumer's server is gone or not caught up: the ordered consumer resets
+				continue
+			}
+			if n > 0 {
+				retries = 0
 			}
 			if n == 0 {
 				// Messages up to last were removed (limits, purge) while

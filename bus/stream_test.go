@@ -307,3 +307,40 @@ func TestStreamLimits(t *testing.T) {
 		t.Fatalf("Open with 3 replicas on one server: %v, want an error about replicas", err)
 	}
 }
+
+func TestInSeqOrder(t *testing.T) {
+	ev := func(boot string, seq uint64) event.Event { return event.Event{Node: "n", Boot: boot, Seq: seq} }
+	tests := []struct {
+		name string
+		in   []event.Event
+		want string
+	}{
+		{"in order", []event.Event{ev("a", 1), ev("a", 2), ev("a", 3)}, "a1 a2 a3"},
+		{"republished after later ones", []event.Event{ev("a", 1), ev("a", 4), ev("a", 5), ev("a", 2), ev("a", 3), ev("a", 6)}, "a1 a2 a3 a4 a5 a6"},
+		{"two boots interleaved", []event.Event{ev("a", 1), ev("b", 1), ev("a", 3), ev("b", 2), ev("a", 2)}, "a1 b1 b2 a2 a3"},
+		{"a gap never filled", []event.Event{ev("a", 1), ev("a", 3), ev("a", 5)}, "a1 a3 a5"},
+		{"late duplicate passes", []event.Event{ev("a", 1), ev("a", 2), ev("a", 1)}, "a1 a2 a1"},
+		{"seq 0 at once", []event.Event{ev("a", 1), ev("a", 3), ev("a", 0), ev("a", 2)}, "a1 a0 a2 a3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			raw := func(yield func(event.Event, error) bool) {
+				for _, e := range tt.in {
+					if !yield(e, nil) {
+						return
+					}
+				}
+			}
+			var got []string
+			for e, err := range inSeqOrder(raw) {
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, fmt.Sprintf("%s%d", e.Boot, e.Seq))
+			}
+			if s := strings.Join(got, " "); s != tt.want {
+				t.Fatalf("got %s, want %s", s, tt.want)
+			}
+		})
+	}
+}
