@@ -11,8 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/onebitd/onebitd/internal/simfault"
 )
+
+// TestMain checks that no test leaves a goroutine behind (the soak's HTTP
+// client, progress ticker and log readers included).
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // TestSoakShort runs the whole soak for 20 seconds on freshly built
 // binaries: every check of the 10-minute run (make soak), fewer requests.
