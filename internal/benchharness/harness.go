@@ -15,6 +15,7 @@ type Results struct {
 	Handoff  *HandoffResult  // nil when not run
 	Proxy    *ProxyResult    // nil when not run
 	Pipeline *PipelineResult // nil when not run
+	Llama    *LlamaResult    // nil when not run; Skipped without LLAMA_SERVER
 	GoBench  []GoBench       // parsed from Config.GoBench
 	// GoBenchNote is why some lines of Config.GoBench were skipped ("").
 	GoBenchNote string
@@ -71,6 +72,12 @@ func Run(ctx context.Context, c Config) (*Results, error) {
 		log.Info("section c: event pipeline")
 		if res.Pipeline, err = runPipeline(ctx, &c, log); err != nil {
 			return nil, fmt.Errorf("pipeline: %w", err)
+		}
+	}
+	if c.section("llama") {
+		log.Info("section d: a real llama-server, plain vs file route")
+		if res.Llama, err = runLlama(ctx, &c, log); err != nil {
+			return nil, fmt.Errorf("llama-server: %w", err)
 		}
 	}
 	res.Took = time.Since(start)

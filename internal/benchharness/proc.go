@@ -40,6 +40,12 @@ func startProc(ctx context.Context, bin string, ready *regexp.Regexp, args ...st
 
 // startProcEnv is startProc with env added to this process's environment.
 func startProcEnv(ctx context.Context, bin string, env []string, ready *regexp.Regexp, args ...string) (*Proc, string, error) {
+	return startProcLimit(ctx, bin, env, ready, readyLimit, args...)
+}
+
+// startProcLimit is startProcEnv waiting up to limit for the ready line (a
+// real model takes longer to load than the simulator).
+func startProcLimit(ctx context.Context, bin string, env []string, ready *regexp.Regexp, limit time.Duration, args ...string) (*Proc, string, error) {
 	if _, err := os.Stat(bin); err != nil {
 		return nil, "", fmt.Errorf("%w: %s", ErrNoBinary, bin)
 	}
@@ -69,7 +75,7 @@ func startProcEnv(ctx context.Context, bin string, env []string, ready *regexp.R
 		p.stderr.Flush()
 		close(p.done)
 	}()
-	timer := time.NewTimer(readyLimit)
+	timer := time.NewTimer(limit)
 	defer timer.Stop()
 	select {
 	case s := <-found:
@@ -78,7 +84,7 @@ func startProcEnv(ctx context.Context, bin string, env []string, ready *regexp.R
 		return nil, "", fmt.Errorf("%w: %s: %s", ErrExited, p.name, p.Tail())
 	case <-timer.C:
 		p.Stop()
-		return nil, "", fmt.Errorf("%w: %s after %s: %s", ErrNotReady, p.name, readyLimit, p.Tail())
+		return nil, "", fmt.Errorf("%w: %s after %s: %s", ErrNotReady, p.name, limit, p.Tail())
 	case <-ctx.Done():
 		p.Stop()
 		return nil, "", ctx.Err()

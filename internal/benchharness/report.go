@@ -103,6 +103,9 @@ func (r *Results) Markdown(w io.Writer) error {
 	if r.Pipeline != nil {
 		r.pipelineMarkdown(&b)
 	}
+	if r.Llama != nil {
+		r.llamaMarkdown(&b)
+	}
 	if len(r.GoBench) > 0 {
 		r.goBenchMarkdown(&b)
 	}

@@ -39,7 +39,10 @@ type Config struct {
 	// command defaults it to /dev/shm (tmpfs), where docs/performance.md
 	// recommends --slot-dir.
 	SlotBase string
-	// Sections to run: any of "handoff", "proxy", "pipeline" (nil: all).
+	// Llama is section d, a real llama-server (Server empty: skipped).
+	Llama LlamaConfig
+	// Sections to run: any of "handoff", "proxy", "pipeline", "llama" (nil:
+	// all).
 	Sections []string
 	Logger   *slog.Logger // progress; nil discards
 }
