@@ -19,10 +19,10 @@ test: ## run every test with the race detector
 test-short: ## quick tests (no long end-to-end prompts)
 	$(GO) test -short -count=1 ./...
 
-bench: build ## Go benchmarks of the hot paths + the side-by-side harness (docs/BENCHMARKS.md); BENCH_BASE=old.out compares before → after
+bench: build ## Go benchmarks of the hot paths + the side-by-side harness (docs/BENCHMARKS.md); BENCH_BASE=old.out compares before → after; LLAMA_SERVER=… MODEL=… adds a real llama-server, plain vs file route
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./fdpass ./event ./eventlog ./bus ./handoff ./handlers ./decoder ./internal/decodersim 2>&1 | tee bench.out
 	$(GO) test -run '^$$' -bench HandoffBreakEven -benchtime 1x -count 3 ./daemon 2>&1 | tee -a bench.out
-	$(GO) run ./cmd/onebit-bench -out docs/BENCHMARKS.md -gobench bench.out $(if $(BENCH_BASE),-gobench-base $(BENCH_BASE))
+	$(GO) run ./cmd/onebit-bench -out docs/BENCHMARKS.md -gobench bench.out $(if $(BENCH_BASE),-gobench-base $(BENCH_BASE)) -llama-server "$(LLAMA_SERVER)" -model "$(MODEL)"$(if $(LLAMA_CTX), -llama-ctx $(LLAMA_CTX))$(if $(LLAMA_ARGS), -llama-args "$(LLAMA_ARGS)")
 
 run: build ## run onebitd (embedded NATS; the decoder simulator when LLAMA_SERVER is unset)
 	./scripts/run.sh

@@ -2,11 +2,15 @@
 // bench): it starts the decoder simulator, the sim provider and onebitd from
 // bin/ as real processes on loopback, measures the handoff against prompt
 // length, the proxy overhead and the event pipeline in one run, prints the
-// markdown report and writes it (with the plot beside it) to -out.
+// markdown report and writes it (with the plot beside it) to -out. With
+// -llama-server and -model (make bench LLAMA_SERVER=… MODEL=…) it adds
+// section d: onebitd launching that llama-server, the plain route against
+// the file route (a second llama-server as the prefill server), side by side.
 //
 //	onebit-bench [-out docs/BENCHMARKS.md] [-bin bin] [-gobench bench.out] [-gobench-base old.out]
-//	             [-scale 1] [-sections handoff,proxy,pipeline] [-cpuprofile FILE]
+//	             [-scale 1] [-sections handoff,proxy,pipeline,llama] [-cpuprofile FILE]
 //	             [-slot-base /dev/shm] [-timeout 40m]
+//	             [-llama-server PATH -model GGUF [-llama-ctx 16384] [-llama-args "ARGS"]]
 package main
 
 import (
@@ -39,10 +43,14 @@ func run(args []string) int {
 	gobench := fs.String("gobench", "bench.out", "`go test -bench` output to include (missing file: skipped)")
 	gobenchBase := fs.String("gobench-base", "", "an earlier `go test -bench` output: compare -gobench against it (before → after, with confidence intervals and a significance test)")
 	scale := fs.Float64("scale", 1, "multiply every request count (0.1 for a quick look; counts never drop below 3)")
-	sections := fs.String("sections", "handoff,proxy,pipeline", "sections to run, comma-separated")
+	sections := fs.String("sections", "handoff,proxy,pipeline,llama", "sections to run, comma-separated (llama: skipped without -llama-server)")
+	llamaServer := fs.String("llama-server", "", "section d: a real llama-server binary that onebitd launches (make bench LLAMA_SERVER=…); empty: the section is skipped")
+	model := fs.String("model", "", "section d: the GGUF the llama-servers load (make bench MODEL=…)")
+	llamaCtx := fs.Int("llama-ctx", benchharness.LlamaCtx, "section d: the llama-servers' -c (prompts are capped to it)")
+	llamaArgs := fs.String("llama-args", "", "section d: more llama-server arguments, space-separated (after -c N -fa off)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the handoff section (in-process onebitd included) here")
 	slotBase := fs.String("slot-base", defaultSlotBase(), "where the handoff's slot directories go (tmpfs recommended; empty: the scratch dir)")
-	limit := fs.Duration("timeout", 40*time.Minute, "give up after this long (the honest simulator moves full cells: the file route at 12 722 tokens takes seconds per request)")
+	limit := fs.Duration("timeout", 40*time.Minute, "give up after this long (the honest simulator moves full cells: the file route at 12 722 tokens takes seconds per request); 2h more with -llama-server unless set")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -52,6 +60,13 @@ func run(args []string) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "onebit-bench: unexpected argument %q\n", fs.Arg(0))
 		return 2
+	}
+	if *llamaServer != "" && *model == "" {
+		fmt.Fprintln(os.Stderr, "onebit-bench: -llama-server needs -model (make bench LLAMA_SERVER=… MODEL=…)")
+		return 2
+	}
+	if *llamaServer != "" && !flagSet(fs, "timeout") {
+		*limit += 2 * time.Hour // a 12 700-token prompt on a CPU: minutes per request
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -66,6 +81,7 @@ func run(args []string) int {
 	}
 	defer os.RemoveAll(work)
 	cfg := benchharness.Config{BinDir: *bin, WorkDir: work, Scale: *scale, CPUProfile: *cpuprofile, SlotBase: *slotBase, GoBenchBase: *gobenchBase, Logger: log}
+	cfg.Llama = benchharness.LlamaConfig{Server: *llamaServer, Model: *model, Ctx: *llamaCtx, Args: strings.Fields(*llamaArgs)}
 	if *sections != "" {
 		cfg.Sections = strings.Split(*sections, ",")
 	}
@@ -91,6 +107,13 @@ func run(args []string) int {
 	}
 	log.Info("report written", "path", *out, "took", res.Took.Round(time.Second))
 	return 0
+}
+
+// flagSet reports whether name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // defaultSlotBase is /dev/shm when it is a writable directory.
