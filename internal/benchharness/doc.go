@@ -13,7 +13,13 @@
 //     concurrency 1, throughput at 8 and 64, time to the first streamed byte;
 //   - the event pipeline: per-transition cost with the event log and NATS
 //     on and off, replay speed of a generated one-million-event log, and
-//     onebitd's resident memory while it serves 10 000 requests.
+//     onebitd's resident memory while it serves 10 000 requests;
+//   - with a real llama-server (Config.Llama: make bench LLAMA_SERVER=…
+//     MODEL=…), onebitd launching it on the plain route and on the file
+//     route (--prefill-bin, onebit-prefill) at once: time to the first
+//     streamed token of each at three prompt lengths, the file route's
+//     prefill and restore phases, prompt_n on both sides and whether the
+//     texts match (skipped, with a line in the report, without it).
 //
 // Results are medians and p99 of samples taken interleaved (one request of
 // each kind in turn), so that a noisy shared machine shifts both sides of a
