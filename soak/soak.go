@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/onebitd/onebitd/internal/simfault"
+	"github.com/onebitd/onebitd/internal/simkv"
 )
 
 // Errors of the package.
@@ -331,6 +332,25 @@ func (r *runner) plainAnswer(ctx context.Context, prompt string, ep Entry) (stri
 	return a.text, nil
 }
 
+// minStreamTokens is the shortest answer a mid-stream fault is tried on.
+const minStreamTokens = 4
+
+// longAnswerPrompt is the first of the base prompts (from i on) with f's
+// marker whose plain answer through ep has at least minStreamTokens tokens.
+func (r *runner) longAnswerPrompt(ctx context.Context, f *Fault, ep Entry, i int) (string, error) {
+	for k := range nBasePrompts {
+		p := promptFor(r.cfg.Seed, (i+k)%nBasePrompts, f)
+		text, err := r.plainAnswer(ctx, p, ep)
+		if err != nil {
+			return "", err
+		}
+		if len(simkv.Tokenize(text, false)) >= minStreamTokens {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("no base prompt has a plain answer of %d tokens through %s (seed %d)", minStreamTokens, ep, r.cfg.Seed)
+}
+
 // one sends one request with fault f and checks it.
 func (r *runner) one(ctx context.Context, s *stack, f *Fault, rng *rand.Rand) {
 	ep := entries[rng.IntN(len(entries))]
@@ -342,6 +362,15 @@ func (r *runner) one(ctx context.Context, s *stack, f *Fault, rng *rand.Rand) {
 	if f.Expect == outIdentical {
 		var err error
 		if want, err = r.plainAnswer(ctx, prompt, ep); err != nil {
+			r.rep.add(s.name, f, ep, stream, outViolation, "", false, err.Error())
+			return
+		}
+	}
+	if f.Harness != hNone {
+		// Mid-stream needs a stream that lasts: a prompt whose answer
+		// is several tokens long (a greedy answer may end at once).
+		var err error
+		if prompt, err = r.longAnswerPrompt(ctx, f, ep, rng.IntN(nBasePrompts)); err != nil {
 			r.rep.add(s.name, f, ep, stream, outViolation, "", false, err.Error())
 			return
 		}
