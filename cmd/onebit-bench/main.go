@@ -99,13 +99,21 @@ func run(args []string) int {
 		return 1
 	}
 	if *out == "" {
-		return 0
+		return llamaFailed(res)
 	}
 	if err := writeReport(*out, res); err != nil {
 		log.Error("write report", "error", err)
 		return 1
 	}
 	log.Info("report written", "path", *out, "took", res.Took.Round(time.Second))
+	return llamaFailed(res)
+}
+
+// llamaFailed is 1 when section d failed (the report says why), else 0.
+func llamaFailed(res *benchharness.Results) int {
+	if res.Llama != nil && res.Llama.Failed != "" {
+		return 1
+	}
 	return 0
 }
 

@@ -84,8 +84,11 @@ type LlamaRow struct {
 
 // LlamaResult is section d.
 type LlamaResult struct {
-	// Skipped says why the section did not run ("": it ran).
+	// Skipped says why the section did not run ("": it ran); Failed why
+	// it stopped (a llama-server that did not start, a request that
+	// failed), with no rows.
 	Skipped  string
+	Failed   string
 	Server   string
 	Model    string
 	Args     []string // the llama-servers' arguments as onebitd got them
@@ -166,10 +169,32 @@ func startLlamaStack(ctx context.Context, c *Config, l *LlamaConfig, route machi
 	args = append(append(args, "--"), l.llamaArgs()...)
 	p, url, err := startProcLimit(ctx, c.bin("onebitd"), nil, reOnebitdReady, llamaReady, args...)
 	if err != nil {
+		if why := onebitdStopped(err.Error()); why != "" {
+			return nil, fmt.Errorf("onebitd, %s route: %w: %s", route, ErrExited, why)
+		}
 		return nil, fmt.Errorf("onebitd, %s route: %w", route, err)
 	}
 	s.proc, s.url = p, url
 	return s, nil
+}
+
+// onebitdStopped is the error of onebitd's last "onebitd stopped" JSON log
+// line in text (a process's stderr tail), or "".
+func onebitdStopped(text string) string {
+	lines := strings.Split(text, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		j := strings.Index(lines[i], "{")
+		if j < 0 || !strings.Contains(lines[i], `"msg":"onebitd stopped"`) {
+			continue
+		}
+		var l struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal([]byte(lines[i][j:]), &l) == nil && l.Error != "" {
+			return l.Error
+		}
+	}
+	return ""
 }
 
 // llamaReply is one streamed completion.
@@ -208,12 +233,23 @@ func streamCompletion(ctx context.Context, hc *http.Client, url, prompt string, 
 	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
 		return r, fmt.Errorf("%w: %s/completion answered %q, not a stream", ErrBadResponse, url, ct)
 	}
+	if err := readLlamaStream(resp.Body, t0, &r); err != nil {
+		return r, fmt.Errorf("%s/completion: %w", url, err)
+	}
+	return r, nil
+}
+
+// readLlamaStream reads a streamed /completion to its end into r: the text,
+// the time from t0 to the first event carrying content (ttft), and the
+// final event's timings. An error event, a malformed event or a stream
+// without its final event is ErrBadResponse.
+func readLlamaStream(body io.Reader, t0 time.Time, r *llamaReply) error {
 	var text strings.Builder
 	stopped := false
-	br := bufio.NewReaderSize(resp.Body, 64<<10)
+	br := bufio.NewReaderSize(body, 64<<10)
 	for {
 		line, err := br.ReadBytes('\n')
-		if data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data: ")); ok {
+		if data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data: ")); ok && !stopped {
 			var ev struct {
 				Content string          `json:"content"`
 				Stop    bool            `json:"stop"`
@@ -224,13 +260,13 @@ func streamCompletion(ctx context.Context, hc *http.Client, url, prompt string, 
 				} `json:"timings"`
 			}
 			if jerr := json.Unmarshal(data, &ev); jerr != nil {
-				return r, fmt.Errorf("%w: stream event %.200q: %v", ErrBadResponse, data, jerr)
+				return fmt.Errorf("%w: stream event %.200q: %v", ErrBadResponse, data, jerr)
 			}
-			if len(ev.Error) > 0 {
-				return r, fmt.Errorf("%w: stream error %s", ErrBadResponse, ev.Error)
+			if len(ev.Error) > 0 && string(ev.Error) != "null" {
+				return fmt.Errorf("%w: stream error %.300s", ErrBadResponse, ev.Error)
 			}
 			if ev.Content != "" && r.ttft == 0 {
-				r.ttft = time.Since(t0)
+				r.ttft = max(time.Since(t0), 1)
 			}
 			text.WriteString(ev.Content)
 			if ev.Stop {
@@ -241,17 +277,17 @@ func streamCompletion(ctx context.Context, hc *http.Client, url, prompt string, 
 			break
 		}
 		if err != nil {
-			return r, fmt.Errorf("read %s/completion: %w", url, err)
+			return fmt.Errorf("read: %w", err)
 		}
 	}
 	if !stopped {
-		return r, fmt.Errorf("%w: %s/completion stream ended without its final event", ErrBadResponse, url)
+		return fmt.Errorf("%w: the stream ended without its final event", ErrBadResponse)
 	}
 	if r.ttft == 0 {
-		r.ttft = time.Since(t0) // no content at all (EOS first): the whole answer
+		r.ttft = max(time.Since(t0), 1) // no content at all (EOS first): the whole answer
 	}
 	r.text = text.String()
-	return r, nil
+	return nil
 }
 
 // tokenCount is the number of tokens of text without BOS (POST /tokenize).
@@ -346,17 +382,29 @@ func runLlama(ctx context.Context, c *Config, log *slog.Logger) (*LlamaResult, e
 		return nil, fmt.Errorf("%w: MODEL: %w", ErrLlamaConfig, err)
 	}
 	res := &LlamaResult{Server: l.Server, Model: l.Model, Args: l.llamaArgs(), NPredict: l.NPredict, Rounds: l.Rounds}
+	if err := measureLlama(ctx, c, &l, res, log); err != nil {
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		// The other sections' results stay: the report says what failed.
+		log.Error("section d failed", "error", err)
+		res.Failed, res.Rows = err.Error(), nil
+	}
+	return res, nil
+}
 
+// measureLlama runs section d's two stacks and fills res.Rows.
+func measureLlama(ctx context.Context, c *Config, l *LlamaConfig, res *LlamaResult, log *slog.Logger) error {
 	log.Info("section d: launching llama-server on the plain route", "bin", l.Server, "model", l.Model)
-	plain, err := startLlamaStack(ctx, c, &l, machine.RoutePlain)
+	plain, err := startLlamaStack(ctx, c, l, machine.RoutePlain)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer plain.proc.Stop()
 	log.Info("section d: launching the decoder and the prefill server on the file route")
-	file, err := startLlamaStack(ctx, c, &l, machine.RouteFile)
+	file, err := startLlamaStack(ctx, c, l, machine.RouteFile)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer file.proc.Stop()
 
@@ -366,11 +414,13 @@ func runLlama(ctx context.Context, c *Config, log *slog.Logger) (*LlamaResult, e
 	defer t.CloseIdleConnections()
 
 	// Size the prompts with the decoder's tokenizer, within its context.
-	res.NCtx = nCtx(ctx, hc, plain.url)
+	if res.NCtx = nCtx(ctx, hc, plain.url); res.NCtx <= 0 {
+		res.NCtx = l.Ctx // -np 1: the slot has all of -c
+	}
 	sentTokens := make([]int, len(llamaText))
 	for i, s := range llamaText {
 		if sentTokens[i], err = tokenCount(ctx, hc, plain.url, s); err != nil {
-			return nil, err
+			return err
 		}
 		sentTokens[i] = max(sentTokens[i], 1)
 	}
@@ -385,9 +435,7 @@ func runLlama(ctx context.Context, c *Config, log *slog.Logger) (*LlamaResult, e
 	longest := slices.Max(sentTokens)
 	sizes := slices.Clone(l.Sizes)
 	for i, n := range sizes {
-		if res.NCtx > 0 {
-			sizes[i] = min(n, res.NCtx-l.NPredict-longest-32) // room for the last sentence and the answer
-		}
+		sizes[i] = min(n, res.NCtx-l.NPredict-longest-32) // room for the last sentence and the answer
 	}
 
 	type sample struct {
@@ -403,7 +451,7 @@ func runLlama(ctx context.Context, c *Config, log *slog.Logger) (*LlamaResult, e
 			prompt := llamaPrompt(k, n, sentTokens, opener)
 			k++
 			if tokErr != nil {
-				return nil, tokErr
+				return tokErr
 			}
 			sides := []*llamaStack{plain, file}
 			if round%2 != 0 { // alternate who goes first
@@ -412,11 +460,11 @@ func runLlama(ctx context.Context, c *Config, log *slog.Logger) (*LlamaResult, e
 			var got [2]llamaReply
 			for _, s := range sides {
 				if err := ctx.Err(); err != nil {
-					return nil, err
+					return err
 				}
 				r, err := streamCompletion(ctx, hc, s.url, prompt, l.NPredict)
 				if err != nil {
-					return nil, fmt.Errorf("%s route, %d tokens: %w", s.route, n, err)
+					return fmt.Errorf("%s route, %d tokens: %w", s.route, n, err)
 				}
 				if s == plain {
 					got[0] = r
@@ -439,7 +487,7 @@ func runLlama(ctx context.Context, c *Config, log *slog.Logger) (*LlamaResult, e
 		}
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("read the file route's event log: %w", err)
+		return fmt.Errorf("read the file route's event log: %w", err)
 	}
 	for i, n := range sizes {
 		row := LlamaRow{Target: n}
@@ -462,7 +510,7 @@ func runLlama(ctx context.Context, c *Config, log *slog.Logger) (*LlamaResult, e
 			}
 			ph, err := phasesOf(string(machine.RouteFile), logged[sm.file.id])
 			if err != nil {
-				return nil, fmt.Errorf("request %s: %w", sm.file.id, err)
+				return fmt.Errorf("request %s: %w", sm.file.id, err)
 			}
 			prefill, restore = append(prefill, ph[PhasePrefill]), append(restore, ph[PhaseRestore])
 			ft = append(ft, sm.file.ttft)
@@ -479,7 +527,7 @@ func runLlama(ctx context.Context, c *Config, log *slog.Logger) (*LlamaResult, e
 		row.Added, row.Ratio = Summarize(added), PairedRatio(fr, pr)
 		res.Rows = append(res.Rows, row)
 	}
-	return res, nil
+	return nil
 }
 
 func minMax(xs []int) [2]int {
@@ -505,6 +553,10 @@ func (r *Results) llamaMarkdown(b *strings.Builder) {
 	b.WriteString(LlamaSectionTitle + "\n\n")
 	if l.Skipped != "" {
 		fmt.Fprintf(b, "Skipped: %s.\n\n", l.Skipped)
+		return
+	}
+	if l.Failed != "" {
+		fmt.Fprintf(b, "**Failed** (`%s` with `%s`, args `%s`): %s\n\n", l.Server, l.Model, strings.Join(l.Args, " "), strings.ReplaceAll(l.Failed, "\n", " "))
 		return
 	}
 	fmt.Fprintf(b, "`%s` with `%s`, launched by onebitd (`--decoder-bin`, args `%s`; n_ctx %d). Plain: `onebitd serve --decoder-bin` alone. File route: `onebitd serve --decoder-bin --prefill-bin --prefill-provider bin/onebit-prefill --handoff always` (the prefill server evaluates the prompt and saves the slot, the decoder restores it and evaluates the last token). Both stacks run at once; each prompt (English text, a different first sentence per request, sized with the decoder's `/tokenize`) goes to both, in alternating order, %d rounds after one of warm-up. Streaming `/completion`, greedy (`temperature` 0, `top_k` 1), `n_predict` %d.\n\n",

@@ -16,7 +16,8 @@ import (
 // hashes) at a tiny scale: both stacks start, every file-route request
 // restores with prompt_n 1 and the same text as plain, and the table has a
 // row per prompt length. Without LLAMA_SERVER the section is skipped with a
-// line in the report; with it but no MODEL it is refused.
+// line in the report; with it but no MODEL it is refused; a llama-server
+// that does not start fails the section alone, with a line in the report.
 func TestLlamaSection(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binaries and starts processes")
@@ -44,6 +45,8 @@ func TestLlamaSection(t *testing.T) {
 	}{
 		{name: "skipped without LLAMA_SERVER", want: []string{LlamaSectionTitle, "Skipped: LLAMA_SERVER is not set"}},
 		{name: "no model", llama: LlamaConfig{Server: sim}, wantErr: ErrLlamaConfig},
+		{name: "llama-server that does not start", llama: LlamaConfig{Server: "/bin/false", Model: model},
+			want: []string{LlamaSectionTitle, "**Failed** (`/bin/false`", "exited before it was ready"}},
 		{name: "simulator", llama: LlamaConfig{Server: sim, Model: model, Ctx: 4096, Args: []string{"--cell-size", "1792"}, Sizes: sizes, NPredict: 6, Rounds: 3},
 			want: []string{LlamaSectionTitle, "| target tokens |", "-c 4096 -fa off --cell-size 1792"}},
 	}
@@ -73,9 +76,15 @@ func TestLlamaSection(t *testing.T) {
 				}
 			}
 			l := res.Llama
-			if tt.llama.Server == "" {
+			switch tt.llama.Server {
+			case "":
 				if l == nil || l.Skipped == "" || len(l.Rows) != 0 {
 					t.Fatalf("section ran without LLAMA_SERVER: %+v", l)
+				}
+				return
+			case "/bin/false":
+				if l == nil || l.Failed == "" || len(l.Rows) != 0 {
+					t.Fatalf("a llama-server that exits did not fail the section: %+v", l)
 				}
 				return
 			}
@@ -129,5 +138,83 @@ func TestLlamaSection(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestReadLlamaStream reads llama-server's streamed /completion: text, the
+// final event's timings, and the streams that are not a completed answer.
+func TestReadLlamaStream(t *testing.T) {
+	final := `data: {"content":"","stop":true,"timings":{"prompt_n":1,"cache_n":249}}` + "\n\n"
+	tests := []struct {
+		name        string
+		in          string
+		wantErr     error
+		text        string
+		promptN     int
+		cacheN      int
+		wantContent bool // a TTFT from an event with content
+	}{
+		{name: "answer", in: "data: {\"content\":\" The\",\"stop\":false}\n\n:\n\ndata: {\"content\":\" sea\",\"stop\":false}\r\n\r\n" + final,
+			text: " The sea", promptN: 1, cacheN: 249, wantContent: true},
+		{name: "empty first event (a partial UTF-8 token)", in: "data: {\"content\":\"\",\"stop\":false}\n\ndata: {\"content\":\"é\",\"stop\":false}\n\n" + final,
+			text: "é", promptN: 1, cacheN: 249, wantContent: true},
+		{name: "EOS first: no content", in: final, promptN: 1, cacheN: 249},
+		{name: "no trailing newline", in: strings.TrimRight(final, "\n"), promptN: 1, cacheN: 249},
+		{name: "events after the final one are ignored", in: final + "data: [DONE]\n\n", promptN: 1, cacheN: 249},
+		{name: "error event", in: "data: {\"content\":\"a\",\"stop\":false}\n\ndata: {\"error\":{\"code\":500,\"message\":\"Invalid UTF-8\"}}\n\n", wantErr: ErrBadResponse},
+		{name: "cut short", in: "data: {\"content\":\"a\",\"stop\":false}\n\n", wantErr: ErrBadResponse},
+		{name: "empty", in: "", wantErr: ErrBadResponse},
+		{name: "malformed event", in: "data: {\"content\":\n\n" + final, wantErr: ErrBadResponse},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var r llamaReply
+			err := readLlamaStream(strings.NewReader(tt.in), time.Now(), &r)
+			if tt.wantErr != nil {
+				if !errors.Is(err, tt.wantErr) {
+					t.Fatalf("err = %v, want %v", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.text != tt.text || r.promptN != tt.promptN || r.cacheN != tt.cacheN || r.ttft <= 0 {
+				t.Fatalf("reply %+v, want text %q prompt_n %d cache_n %d and a ttft", r, tt.text, tt.promptN, tt.cacheN)
+			}
+		})
+	}
+}
+
+// FuzzReadLlamaStream: any bytes a decoder sends are read without a panic,
+// and an accepted stream has its final event's timings and a TTFT.
+func FuzzReadLlamaStream(f *testing.F) {
+	f.Add("data: {\"content\":\" a\",\"stop\":false}\n\ndata: {\"content\":\"\",\"stop\":true,\"timings\":{\"prompt_n\":1,\"cache_n\":9}}\n\n")
+	f.Add("data: {\"error\":{\"code\":500}}\n\n")
+	f.Add("data: \n\ndata: null\n\n: ping\n\n")
+	f.Add("data: {\"stop\":true,\"error\":null}")
+	f.Fuzz(func(t *testing.T, in string) {
+		var r llamaReply
+		if err := readLlamaStream(strings.NewReader(in), time.Now(), &r); err == nil && r.ttft <= 0 {
+			t.Fatalf("accepted %q without a TTFT", in)
+		} else if err != nil && !errors.Is(err, ErrBadResponse) {
+			t.Fatalf("error %v is not ErrBadResponse", err)
+		}
+	})
+}
+
+// TestOnebitdStopped finds why onebitd stopped in its stderr tail.
+func TestOnebitdStopped(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"", ""},
+		{`{"level":"INFO","msg":"nats server"}` + "\n" + `{"level":"ERROR","msg":"onebitd stopped","error":"decoder: exited\nits last lines"}`, "decoder: exited\nits last lines"},
+		{`benchharness: process exited: onebitd: {"msg":"onebitd stopped","error":"bad flag"}`, "bad flag"},
+		{`{"msg":"onebitd stopped"}`, ""},
+		{`{"msg":"onebitd stopped","error":`, ""},
+	}
+	for _, tt := range tests {
+		if got := onebitdStopped(tt.in); got != tt.want {
+			t.Errorf("onebitdStopped(%q) = %q, want %q", tt.in, got, tt.want)
+		}
 	}
 }
