@@ -164,7 +164,10 @@ func startLlamaStack(ctx context.Context, c *Config, l *LlamaConfig, route machi
 		"--node", "bench", "--log-format", "json", "--decoder-wait", llamaReady.String(),
 		"--model", l.Model, "--decoder-bin", l.Server}
 	if route == machine.RouteFile {
-		args = append(args, "--prefill-bin", l.Server, "--prefill-provider", c.bin("onebit-prefill"), "--handoff", "always")
+		// A long prompt on a CPU takes minutes to prefill: onebitd's
+		// provider limit (1m) and onebit-prefill's own (5m) would fall back.
+		args = append(args, "--prefill-bin", l.Server, "--prefill-provider", c.bin("onebit-prefill"), "--handoff", "always",
+			"--provider-timeout", llamaRequest.String(), "--provider-arg=--timeout="+llamaRequest.String(), "--adopt-timeout", "5m")
 	}
 	args = append(append(args, "--"), l.llamaArgs()...)
 	p, url, err := startProcLimit(ctx, c.bin("onebitd"), nil, reOnebitdReady, llamaReady, args...)
