@@ -548,6 +548,17 @@ func fmtRange(r [2]int) string {
 	return fmt.Sprintf("%d–%d", r[0], r[1])
 }
 
+// fmtRatioCell is "median ×" with its interval when it has one.
+func fmtRatioCell(st Stat) string {
+	switch {
+	case st.N == 0:
+		return "–"
+	case !st.HasCI:
+		return fmtRatio(st.Center) + " ×"
+	}
+	return fmt.Sprintf("%s × [%s]", fmtRatio(st.Center), fmtRatioCI(st))
+}
+
 // LlamaSectionTitle heads section d in the report.
 const LlamaSectionTitle = "## d. A real llama-server: plain vs file route"
 
@@ -568,7 +579,7 @@ func (r *Results) llamaMarkdown(b *strings.Builder) {
 	for _, row := range l.Rows {
 		fmt.Fprintf(b, "| %d | %s / %s | %s | %s | %s | %s | %s | %s | %s | %s | %d/%d | %d |\n", row.Target,
 			fmtRange(row.PlainTokens), fmtRange(row.FileTokens), fmtSum(row.PlainTTFT), fmtSum(row.FileTTFT),
-			fmtDiff(row.Added), fmtRatio(row.Ratio.Center), fmtSum(row.Prefill), fmtSum(row.Restore), fmtRange(row.PlainPromptN), fmtRange(row.FilePromptN),
+			fmtDiff(row.Added), fmtRatioCell(row.Ratio), fmtSum(row.Prefill), fmtSum(row.Restore), fmtRange(row.PlainPromptN), fmtRange(row.FilePromptN),
 			row.Matched, row.Compared, row.Fallbacks)
 	}
 	b.WriteString("\n¹ per round, then the median (with its 95 % CI where there are 6 rounds or more). ² from the file stack's event log (`elapsed_us`): prefill = received → `prefill` (tokenize, the prefill server's evaluation and save), restore = `prefill` → `restore` (`?action=restore` on the decoder). Time to first token: request sent → the first streamed event with content.\n\n")
