@@ -411,8 +411,8 @@ func TestOptions(t *testing.T) {
 			}
 			o := d.Options()
 			if o.Listen != DefaultListen || o.Queue != DefaultQueue || o.DrainTimeout != DefaultDrainTimeout ||
-				o.NATSListen != DefaultNATSListen || !filepath.IsAbs(o.SlotDir) ||
-				o.EventLog != filepath.Join(DefaultStateDir, "events.jsonl") {
+				o.NATSListen != DefaultNATSListen || !filepath.IsAbs(o.SlotDir) || !filepath.IsAbs(o.StateDir) ||
+				o.EventLog != filepath.Join(o.StateDir, "events.jsonl") {
 				t.Fatalf("defaults not filled: %+v", o)
 			}
 		})

@@ -174,11 +174,24 @@ func (o Options) withDefaults() (Options, error) {
 		}
 		o.Node = host
 	}
+	// Absolute: the paths built from it name unix sockets and key files
+	// that other processes open (a launched decoder's unix:// address, the
+	// share sockets), from another working directory.
+	st, err := filepath.Abs(o.StateDir)
+	if err != nil {
+		return o, err
+	}
+	o.StateDir = st
 	if o.SlotDir == "" {
 		o.SlotDir = filepath.Join(o.StateDir, "slots")
 	}
 	if o.EventLog == "" {
 		o.EventLog = filepath.Join(o.StateDir, "events.jsonl")
+	}
+	if o.APIKeyFile != "" {
+		if o.APIKeyFile, err = filepath.Abs(o.APIKeyFile); err != nil {
+			return o, err
+		}
 	}
 	abs, err := filepath.Abs(o.SlotDir)
 	if err != nil {

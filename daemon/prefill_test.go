@@ -103,3 +103,20 @@ func runDaemon(t *testing.T, o Options) *stack {
 	t.Cleanup(func() { s.stop(t) })
 	return s
 }
+
+// TestRelativeStateDir: the default state dir is relative (./onebitd-state);
+// a launched decoder's unix:// address and key file are built from it, so
+// it is made absolute (a relative one failed at startup: bad decoder URL
+// "unix://onebitd-state/run/decoder/decoder.sock").
+func TestRelativeStateDir(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	if err := os.WriteFile("m.gguf", []byte("GGUF-SIM relative\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := runDaemon(t, Options{Listen: "127.0.0.1:0", DecoderBin: simBin, DecoderArgs: []string{"-c", "2048"},
+		Model: "m.gguf", StateDir: "./onebitd-state", NATSListen: NATSOff, Node: "t"})
+	if a := complete(t, s.d.URL(), testPrompt); a.status != 200 {
+		t.Fatalf("%+v", a)
+	}
+}
