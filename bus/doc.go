@@ -85,4 +85,27 @@
 // it back. Log-local lines (seq 0: loss markers) are not republished; neither
 // is anything once it is older than the server's duplicate window when the
 // record was lost (it would be stored twice).
+//
+// # Order
+//
+// Once an event of this node missed the stream (dropped, refused, the
+// stream not ready, and at every start until the first pass has read the
+// log), the bus is behind: live events are kept back (Stats.Deferred) and
+// the catch-up pass, reading on as the log grows, carries them until it has
+// republished the last one kept back; then live publishing resumes. So a
+// boot's events reach the stream in seq order, except when a server dies
+// with acknowledgements pending (publishes after the lost ones were stored
+// first); StreamEvents yields each boot in seq order anyway (inSeqOrder).
+//
+// # Embedded cluster
+//
+// With Config.ClusterName (--nats-cluster) the embedded server listens for
+// routes on ClusterListen (--nats-cluster-listen, default
+// DefaultClusterListen, loopback) and routes to ClusterRoutes
+// (--nats-routes); every route presents user RouteUser and the secret of
+// ClusterSecretFile (--nats-cluster-secret, 0600, the same on every node),
+// and the route port admits nothing else. The servers run JetStream as one
+// cluster (server name = node); the stream is set up in the background,
+// once a JetStream leader exists. Each server still admits only its own
+// node's two identities.
 package bus
