@@ -236,7 +236,7 @@ func pauseCtx(ctx context.Context, d time.Duration) error {
 }
 
 // StreamEvents reads stream from its first message to the last one present
-// when it is called (an ordered consumer, nothing acknowledged or left
+// when it is called, each boot's events in seq order (inSeqOrder) (an ordered consumer, nothing acknowledged or left
 // behind on the server), decoding each payload as an event. It connects as
 // c says (the reader identity is enough). A payload that is not an event
 // yields a non-nil error naming its stream sequence, and iteration goes on
