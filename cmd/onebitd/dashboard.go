@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
 
 	"github.com/onebitd/onebitd/bus"
 	"github.com/onebitd/onebitd/dashboard"
@@ -68,32 +67,8 @@ func dashboardRun(ctx context.Context, args []string, stderr io.Writer, ready fu
 	errw := &gatedWriter{w: stderr}
 	defer errw.shut()
 	log := slog.New(slog.NewTextHandler(errw, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	client, as := nf.resolve("onebitd dashboard")
-	nc, err := client.Connect(
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			fmt.Fprintf(errw, "onebitd dashboard: disconnected: %v (reconnecting)\n", err)
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) {
-			fmt.Fprintf(errw, "onebitd dashboard: reconnected to %s\n", nc.ConnectedUrlRedacted())
-		}),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-			// A slow consumer: nats.go dropped messages; the page shows the count.
-			fmt.Fprintf(errw, "onebitd dashboard: %v\n", err)
-		}),
-	)
+	nc, as, err := nf.connectLive("onebitd dashboard", errw)
 	if err != nil {
-		hint := "is onebitd serve running? see --nats-url"
-		switch {
-		case errors.Is(err, nats.ErrAuthorization) && as == "":
-			hint = "the server wants credentials: --nats-creds FILE (onebitd serve's is <state-dir>/" + bus.ReaderCredsFile + ")"
-		case errors.Is(err, nats.ErrAuthorization):
-			hint = "the server refused the credentials of " + as
-		case errors.Is(err, bus.ErrCreds):
-			hint = "see --nats-creds, --nats-nkey"
-		}
-		fmt.Fprintf(errw, "onebitd dashboard: cannot reach NATS at %s: %v (%s)\n", client.URLs, err, hint)
 		return 1
 	}
 	defer func() {

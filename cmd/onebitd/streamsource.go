@@ -3,8 +3,13 @@ package main
 import (
 	"errors"
 	"flag"
+	"fmt"
+	"io"
 	"io/fs"
 	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/onebitd/onebitd/bus"
 	"github.com/onebitd/onebitd/daemon"
@@ -67,4 +72,44 @@ func (n *natsFlags) resolve(name string) (c bus.Client, from string) {
 		return c, def
 	}
 	return c, ""
+}
+
+// connectLive connects a long-lived subscriber (watch, dashboard) that
+// reconnects forever and says so on errw, or prints why it cannot connect
+// (with a hint about credentials) and returns the error. as names the
+// credentials used ("" for none).
+func (f *natsFlags) connectLive(cmd string, errw io.Writer) (*nats.Conn, string, error) {
+	client, as := f.resolve(cmd)
+	nc, err := client.Connect(
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				fmt.Fprintf(errw, "%s: disconnected: %v (reconnecting)\n", cmd, err)
+			} else {
+				fmt.Fprintf(errw, "%s: disconnected (reconnecting)\n", cmd)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			fmt.Fprintf(errw, "%s: reconnected to %s\n", cmd, nc.ConnectedUrlRedacted())
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			// A slow reader: nats.go dropped messages for us.
+			fmt.Fprintf(errw, "%s: %v\n", cmd, err)
+		}),
+	)
+	if err != nil {
+		hint := "is onebitd serve running? see --nats-url"
+		switch {
+		case errors.Is(err, nats.ErrAuthorization) && as == "":
+			hint = "the server wants credentials: --nats-creds FILE (onebitd serve's is <state-dir>/" + bus.ReaderCredsFile + ")"
+		case errors.Is(err, nats.ErrAuthorization):
+			hint = "the server refused the credentials of " + as
+		case errors.Is(err, bus.ErrCreds):
+			hint = "see --nats-creds, --nats-nkey"
+		}
+		fmt.Fprintf(errw, "%s: cannot reach NATS at %s: %v (%s)\n", cmd, client.URLs, err, hint)
+		return nil, as, err
+	}
+	return nc, as, nil
 }

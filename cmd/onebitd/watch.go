@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/mattn/go-isatty"
-	"github.com/nats-io/nats.go"
 	"golang.org/x/sys/unix"
 
 	"github.com/onebitd/onebitd/bus"
@@ -70,36 +69,8 @@ func watchRun(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 	// connection closes: serialise them and silence them once we return.
 	errw := &gatedWriter{w: stderr}
 	defer errw.shut()
-	client, as := nf.resolve("onebitd watch")
-	nc, err := client.Connect(
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				fmt.Fprintf(errw, "onebitd watch: disconnected: %v (reconnecting)\n", err)
-			} else {
-				fmt.Fprintln(errw, "onebitd watch: disconnected (reconnecting)")
-			}
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) {
-			fmt.Fprintf(errw, "onebitd watch: reconnected to %s\n", nc.ConnectedUrlRedacted())
-		}),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-			// A slow terminal: nats.go dropped messages for us.
-			fmt.Fprintf(errw, "onebitd watch: %v\n", err)
-		}),
-	)
+	nc, as, err := nf.connectLive("onebitd watch", errw)
 	if err != nil {
-		hint := "is onebitd serve running? see --nats-url"
-		switch {
-		case errors.Is(err, nats.ErrAuthorization) && as == "":
-			hint = "the server wants credentials: --nats-creds FILE (onebitd serve's is <state-dir>/" + bus.ReaderCredsFile + ")"
-		case errors.Is(err, nats.ErrAuthorization):
-			hint = "the server refused the credentials of " + as
-		case errors.Is(err, bus.ErrCreds):
-			hint = "see --nats-creds, --nats-nkey"
-		}
-		fmt.Fprintf(errw, "onebitd watch: cannot reach NATS at %s: %v (%s)\n", client.URLs, err, hint)
 		return 1
 	}
 	defer func() {
