@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -429,4 +431,43 @@ func Call(path string, j *Job, files []*os.File, deadline time.Time) (Reply, err
 		return Reply{}, err
 	}
 	return ReadReply(conn, deadline)
+}
+
+// ErrSocketInUse: another process serves on the warm provider's socket.
+var ErrSocketInUse = errors.New("provjob: another process already serves on the socket")
+
+// Listen is a warm provider's listener (DESIGN §2c): a unix socket at path,
+// mode 0600. A socket file left by a killed provider (nobody answers on
+// it) is replaced; a live one is refused with ErrSocketInUse; a file that
+// is not a socket is never removed.
+func Listen(path string) (*net.UnixListener, error) {
+	fi, err := os.Lstat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return nil, err
+	case fi.Mode().Type() != fs.ModeSocket:
+		return nil, fmt.Errorf("provjob: %s exists and is not a socket", path)
+	default:
+		c, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
+			c.Close()
+			return nil, fmt.Errorf("%w: %s", ErrSocketInUse, path)
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("provjob: probe %s: %w", path, err)
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("provjob: remove the stale socket: %w", err)
+		}
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
 }

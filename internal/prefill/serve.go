@@ -5,11 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
-	"os"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/onebitd/onebitd/provjob"
@@ -32,16 +29,9 @@ const (
 // shared-route job is refused (a prefill llama-server cannot fill the
 // decoder's regions). It returns when ctx ends, after the running jobs.
 func Serve(ctx context.Context, path string, base Config, ready func()) error {
-	if err := removeStale(path); err != nil {
-		return err
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	ln, err := provjob.Listen(path)
 	if err != nil {
-		return fmt.Errorf("%w: listen on %s: %v", ErrServe, path, err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return fmt.Errorf("%w: chmod %s: %v", ErrServe, path, err)
+		return fmt.Errorf("%w: %v", ErrServe, err)
 	}
 	if ready != nil {
 		ready()
@@ -93,28 +83,4 @@ func serveConn(ctx context.Context, conn *net.UnixConn, base Config) {
 		}
 	}
 	_ = provjob.WriteReply(conn, rep, time.Now().Add(replyTimeout))
-}
-
-// removeStale removes a socket file at path that nobody answers on.
-func removeStale(path string) error {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("%w: %v", ErrServe, err)
-	}
-	if fi.Mode().Type() != fs.ModeSocket {
-		return fmt.Errorf("%w: %s exists and is not a socket", ErrServe, path)
-	}
-	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-		c.Close()
-		return fmt.Errorf("%w: another process serves on %s", ErrServe, path)
-	} else if !errors.Is(err, syscall.ECONNREFUSED) {
-		return fmt.Errorf("%w: probe %s: %v", ErrServe, path, err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("%w: remove stale socket: %v", ErrServe, err)
-	}
-	return nil
 }

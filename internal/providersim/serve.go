@@ -5,11 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
-	"os"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/onebitd/onebitd/provjob"
@@ -31,16 +28,9 @@ const replyTimeout = 5 * time.Second
 // closed (its mappings are gone already) before the reply is written. It
 // returns when ctx ends, after the running jobs (which ctx interrupts).
 func serve(ctx context.Context, o options, stderr io.Writer) error {
-	if err := removeStaleSocket(o.socket); err != nil {
-		return err
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: o.socket, Net: "unix"})
+	ln, err := provjob.Listen(o.socket)
 	if err != nil {
-		return fmt.Errorf("%w: listen on %s: %v", ErrServe, o.socket, err)
-	}
-	if err := os.Chmod(o.socket, 0o600); err != nil {
-		ln.Close()
-		return fmt.Errorf("%w: chmod %s: %v", ErrServe, o.socket, err)
+		return fmt.Errorf("%w: %v", ErrServe, err)
 	}
 	fmt.Fprintf(stderr, "onebit-provider-sim serving on %s\n", o.socket)
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
@@ -95,30 +85,4 @@ func (o *options) serveConn(ctx context.Context, conn *net.UnixConn) {
 		rep = provjob.Reply{Reason: Reason(err)}
 	}
 	_ = provjob.WriteReply(conn, rep, time.Now().Add(replyTimeout))
-}
-
-// removeStaleSocket removes a socket file at path that nobody answers on.
-func removeStaleSocket(path string) error {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("%w: %v", ErrServe, err)
-	}
-	if fi.Mode().Type() != fs.ModeSocket {
-		return fmt.Errorf("%w: %s exists and is not a socket", ErrServe, path)
-	}
-	c, err := net.DialTimeout("unix", path, time.Second)
-	if err == nil {
-		c.Close()
-		return fmt.Errorf("%w: another process serves on %s", ErrServe, path)
-	}
-	if !errors.Is(err, syscall.ECONNREFUSED) {
-		return fmt.Errorf("%w: probe %s: %v", ErrServe, path, err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("%w: remove stale socket: %v", ErrServe, err)
-	}
-	return nil
 }
