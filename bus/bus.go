@@ -194,7 +194,7 @@ type Bus struct {
 	skipBoot string
 	skipSeq  uint64
 	deferred atomic.Uint64
-	curBoot  atomic.Pointer[string] // boot of this process's events (the publisher's last item)
+	curBoot  atomic.Pointer[string] // boot of this process's events (the last one emitted)
 	resumeAt int64                  // log offset where the next catch-up pass starts (catch-up goroutine only)
 
 	boMu sync.Mutex
@@ -400,6 +400,15 @@ func (b *Bus) enqueueEvent(e *event.Event, data []byte) {
 	if node == "" {
 		node = b.cfg.Node
 	}
+	if b.acks != nil && node == b.cfg.Node && e.Boot != "" {
+		// This process's boot, known before the catch-up can carry its
+		// events (the log is written before Emit): an atomic load per
+		// event, a store once per boot.
+		if cur := b.curBoot.Load(); cur == nil || *cur != e.Boot {
+			boot := e.Boot
+			b.curBoot.Store(&boot)
+		}
+	}
 	b.enqueue(item{subject: b.subjectOf(e), data: data, node: node, boot: e.Boot, seq: e.Seq})
 }
 
@@ -502,12 +511,6 @@ func (b *Bus) publisher() {
 }
 
 func (b *Bus) publish(it item) {
-	if it.node == b.cfg.Node && it.boot != "" {
-		if cur := b.curBoot.Load(); cur == nil || *cur != it.boot {
-			boot := it.boot
-			b.curBoot.Store(&boot)
-		}
-	}
 	if b.js != nil && b.keepBack(it) {
 		return
 	}

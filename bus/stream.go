@@ -236,8 +236,9 @@ func pauseCtx(ctx context.Context, d time.Duration) error {
 }
 
 // StreamEvents reads stream from its first message to the last one present
-// when it is called, each boot's events in seq order (inSeqOrder) (an ordered consumer, nothing acknowledged or left
-// behind on the server), decoding each payload as an event. It connects as
+// when it is called (an ordered consumer, nothing acknowledged or left
+// behind on the server), decoding each payload as an event and yielding
+// each boot's events in seq order (inSeqOrder). It connects as
 // c says (the reader identity is enough). A payload that is not an event
 // yields a non-nil error naming its stream sequence, and iteration goes on
 // if the consumer wants; a connection or consumer error ends it.
