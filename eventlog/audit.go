@@ -55,6 +55,14 @@ const (
 	DecoderExited   = "decoder.exited"
 )
 
+// otherLifecycle is the lifecycle of the other supervised processes: a warm
+// provider (provider.*) and a prefill server (prefill.*). They say nothing
+// about share ids.
+var otherLifecycle = map[string]bool{
+	"provider.starting": true, "provider.ready": true, "provider.exited": true,
+	"prefill.starting": true, "prefill.ready": true, "prefill.exited": true,
+}
+
 // Violation is one broken rule.
 type Violation struct {
 	RequestID string `json:"request_id,omitempty"`
@@ -241,7 +249,9 @@ func (a *Auditor) Add(line int, e event.Event) {
 			}
 			bs.shutdown, bs.shutLine, bs.shutSrc = &n, line, a.source()
 		default:
-			a.violate(line, "", RuleIllegalTransition, "event %q has no request_id", e.Event)
+			if !otherLifecycle[e.Event] {
+				a.violate(line, "", RuleIllegalTransition, "event %q has no request_id", e.Event)
+			}
 		}
 		return
 	}

@@ -130,6 +130,13 @@ func TestAuditRules(t *testing.T) {
 		{name: "clean routes", events: cat(
 			[]event.Event{lifecycle(DecoderStarting), lifecycle(DecoderReady)},
 			sharedOK("a", 1), fileOK("b"), fallbackOK("c"), plainOK("d"), sharedOK("e", 2))},
+		{name: "warm provider and prefill server lifecycle", events: cat(
+			[]event.Event{lifecycle(DecoderStarting), lifecycle(DecoderReady), lifecycle("provider.starting"), lifecycle("provider.ready"),
+				lifecycle("prefill.starting"), lifecycle("prefill.ready")},
+			sharedOK("a", 1), []event.Event{lifecycle("provider.exited"), lifecycle("provider.starting"), lifecycle("provider.ready")},
+			fileOK("b"), []event.Event{lifecycle("prefill.exited")})},
+		{name: "unknown event without request_id", events: []event.Event{lifecycle("provider.bogus")},
+			want: []want{{RuleIllegalTransition, "", 1}}},
 		{name: "interleaved requests", events: func() []event.Event {
 			a, b := sharedOK("a", 1), sharedOK("b", 2)
 			var out []event.Event
