@@ -473,13 +473,18 @@ func (w *Warm) supervise(ctx context.Context, p *warmProc) {
 		case <-p.exited:
 		}
 		reason := exitReason(p.waitErr)
-		if k := p.killed.Load(); k != nil {
+		k := p.killed.Load()
+		if k != nil {
 			reason = "killed by onebitd: " + *k
 		}
 		w.log.Warn("warm provider exited", attrPID, p.pid, attrError, reason, "stderr_tail", tailText(p.tail))
 		w.setState(nil, &warmNotReady{"the warm provider is restarting after it exited: " + reason})
 		w.emit(EventWarmExited, reason)
-		if time.Since(p.readyAt) > time.Minute {
+		// A provider onebitd killed (a job past its deadline, a client
+		// gone) did not crash: its restart is not backed off further, or
+		// every hung job would leave the next ones falling back for up to
+		// 10 s. A crash backs off until the provider stays up a minute.
+		if k != nil || time.Since(p.readyAt) > time.Minute {
 			bo.Reset()
 		}
 		for {
