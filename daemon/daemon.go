@@ -494,7 +494,7 @@ func (d *Daemon) openEvents(ctx context.Context) error {
 			log.Warn("nats close", attrError, err)
 		}
 		st := b.Stats() // after Close: the drain's publishes and drops count
-		log.Info("nats bus closed", "published", st.Published, "dropped", st.Dropped, "republished", st.Republished)
+		log.Info("nats bus closed", "published", st.Published, "dropped", st.Dropped, "republished", st.Republished, "deferred", st.Deferred)
 	})
 	if u := b.ClientURL(); u != "" {
 		watch := "onebitd watch --nats-url " + u
