@@ -294,7 +294,7 @@ func TestRun(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	res, err := Run(ctx, Config{BinDir: bin, WorkDir: t.TempDir(), SlotBase: t.TempDir(), Scale: 0.02})
+	res, err := Run(ctx, Config{BinDir: bin, WorkDir: t.TempDir(), SlotBase: t.TempDir(), Scale: 0.02, CellSize: 1792})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -93,9 +93,10 @@ type HandoffRow struct {
 
 // HandoffResult is section a.
 type HandoffResult struct {
-	Rows   []HandoffRow
-	Rounds int
-	SlotFS string // file system of the slot directories, from /proc/mounts
+	Rows     []HandoffRow
+	Rounds   int
+	CellSize int    // the simulator's KV cell size in bytes
+	SlotFS   string // file system of the slot directories, from /proc/mounts
 	// Warm is the warm provider's figures (DESIGN §2c), or why they are
 	// missing.
 	Warm *WarmResult
@@ -169,13 +170,15 @@ func newHandoffStack(ctx context.Context, c *Config, route machine.Route, warm b
 		return nil, err
 	}
 	s.slotDir = slotDir
-	sim, simURL, err := startSim(ctx, c, model, "-c", fmt.Sprint(HandoffCtx), "-np", "1", "--cell-size", fmt.Sprint(HandoffCellSize), "--slot-save-path", slotDir)
+	cell := c.cellSize()
+	sim, simURL, err := startSim(ctx, c, model, "-c", fmt.Sprint(HandoffCtx), "-np", "1", "--cell-size", fmt.Sprint(cell), "--slot-save-path", slotDir)
 	if err != nil {
 		return nil, err
 	}
 	s.sim = sim
 	s.stops = append(s.stops, sim.Stop)
-	args := []string{"--slot-dir", slotDir, "--provider", c.bin("onebit-provider-sim"), "--model", model}
+	provArgs := []string{"--cell-size=" + fmt.Sprint(cell)} // the provider writes cells of the decoder's size
+	args := []string{"--slot-dir", slotDir, "--provider", c.bin("onebit-provider-sim"), "--model", model, "--provider-arg=" + provArgs[0]}
 	if route == machine.RouteShared {
 		args = append(args, "--kv-share")
 	}
@@ -203,9 +206,9 @@ func newHandoffStack(ctx context.Context, c *Config, route machine.Route, warm b
 		return nil, err
 	}
 	s.stops = append(s.stops, func() { _ = b.Close() })
-	var inner handoff.Provider = handoff.Exec{Runner: &provider.Runner{Path: c.bin("onebit-provider-sim"), Timeout: 60 * time.Second}}
+	var inner handoff.Provider = handoff.Exec{Runner: &provider.Runner{Path: c.bin("onebit-provider-sim"), Args: provArgs, Timeout: 60 * time.Second}}
 	if warm {
-		wp, err := provider.StartWarm(ctx, provider.WarmConfig{Path: c.bin("onebit-provider-sim"), Socket: filepath.Join(s.stateDir, "inproc-provider.sock"),
+		wp, err := provider.StartWarm(ctx, provider.WarmConfig{Path: c.bin("onebit-provider-sim"), Args: provArgs, Socket: filepath.Join(s.stateDir, "inproc-provider.sock"),
 			Timeout: 60 * time.Second, Logger: slog.New(&reportedPrefill{log: s.calls})})
 		if err != nil {
 			return nil, fmt.Errorf("warm provider: %w", err)
@@ -360,7 +363,7 @@ func runHandoff(ctx context.Context, c *Config, log *slog.Logger) (*HandoffResul
 		}
 	}
 
-	res := &HandoffResult{Rounds: rounds, SlotFS: fsOf(stacks[0].slotDir)}
+	res := &HandoffResult{Rounds: rounds, CellSize: c.cellSize(), SlotFS: fsOf(stacks[0].slotDir)}
 	for _, s := range stacks {
 		// onebitd flushes its event log when it stops.
 		s.proc.Stop()
@@ -523,4 +526,12 @@ func fsOf(path string) string {
 		return ""
 	}
 	return typ + " at " + best
+}
+
+// cellSize is section a's KV cell size.
+func (c *Config) cellSize() int {
+	if c.CellSize > 0 {
+		return c.CellSize
+	}
+	return HandoffCellSize
 }

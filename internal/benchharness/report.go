@@ -117,7 +117,7 @@ func (r *Results) handoffMarkdown(b *strings.Builder) {
 	h := r.Handoff
 	fmt.Fprintf(b, "## a. Handoff vs prompt length\n\n")
 	fmt.Fprintf(b, "`onebit-decoder-sim -c %d -np 1` with %d-byte cells (%d MiB of KV, 3 memfd chunks), `onebit-provider-sim`, one request at a time, %d requests per route and length (plus 2 of warm-up), `n_predict` 1. Every request took its route and the decoder evaluated only the last prompt token (`prompt_n` 1); requests that fell back are counted, not sampled. Slot directory (share sockets, tokens, layout and state files): %s.\n\n",
-		HandoffCtx, HandoffCellSize, HandoffCtx*HandoffCellSize>>20, h.Rounds, h.SlotFS)
+		HandoffCtx, cellOr(h.CellSize), HandoffCtx*cellOr(h.CellSize)>>20, h.Rounds, h.SlotFS)
 	b.WriteString("### Phases of the onebitd process (event log `elapsed_us`)\n\n")
 	b.WriteString("Each phase ends with the event that names it and starts with the one before (the first with `received`, after tokenization and the slot). Raw: the decoder's and the provider's work included.\n\n")
 	b.WriteString("| route | tokens | listen | share | prefill (provider run incl.) | adopt / restore | forward | decoder-facing handoff¹ | whole request (client) | fell back |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -287,4 +287,12 @@ func fmtUnitCI(st Stat, unit string) string {
 		return fmt.Sprintf("none (n = %d < 6)", st.N)
 	}
 	return fmtUnit(st.Lo, unit) + " – " + fmtUnit(st.Hi, unit)
+}
+
+// cellOr is a result's cell size, HandoffCellSize when it was not recorded.
+func cellOr(n int) int {
+	if n > 0 {
+		return n
+	}
+	return HandoffCellSize
 }

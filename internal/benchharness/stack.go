@@ -39,6 +39,10 @@ type Config struct {
 	// command defaults it to /dev/shm (tmpfs), where docs/performance.md
 	// recommends --slot-dir.
 	SlotBase string
+	// CellSize is section a's KV cell size in bytes (0: HandoffCellSize,
+	// the seed's Qwen3-0.6B). The tests use a small one: the file route
+	// then moves megabytes, not gigabytes, per request.
+	CellSize int
 	// Llama is section d, a real llama-server (Server empty: skipped).
 	Llama LlamaConfig
 	// Sections to run: any of "handoff", "proxy", "pipeline", "llama" (nil:
