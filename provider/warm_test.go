@@ -127,8 +127,12 @@ func TestWarmKillBeforeReturn(t *testing.T) {
 			}
 			var before [8]byte
 			region.ReadAt(before[:], 0)
+			// Restarted: the supervisor has seen the exit and the new
+			// provider is ready (its events say so; a PID alone can be read
+			// before the supervisor handled the exit).
+			want := []string{EventWarmStarting, EventWarmReady, EventWarmExited, EventWarmStarting, EventWarmReady}
 			obtest.WaitFor(t, 20*time.Second, "a restarted provider", func() bool {
-				return w.Ready() == nil && w.PID() != 0 && w.PID() != pid
+				return slices.Equal(eventNames(sink), want) && w.Ready() == nil && w.PID() != 0 && w.PID() != pid
 			})
 			var after [8]byte
 			region.ReadAt(after[:], 0)
@@ -138,7 +142,6 @@ func TestWarmKillBeforeReturn(t *testing.T) {
 			if _, err := w.Run(context.Background(), sharedJob("m.gguf"), []*os.File{region}); err != nil {
 				t.Fatalf("a job on the restarted provider: %v", err)
 			}
-			want := []string{EventWarmStarting, EventWarmReady, EventWarmExited, EventWarmStarting, EventWarmReady}
 			if got := eventNames(sink); !slices.Equal(got, want) {
 				t.Fatalf("events %v, want %v", got, want)
 			}
