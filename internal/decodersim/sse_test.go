@@ -31,8 +31,13 @@ func js(v any) string {
 	return string(b)
 }
 
-// TestSSEFraming compares the three streaming routes byte for byte with
-// llama-server's framing (after blanking ids, times and timings).
+// TestSSEFraming compares the three streaming routes byte for byte with the
+// framing the simulator promises (after blanking ids, times and timings):
+// what it takes from llama-server — `data: ` events separated by a blank
+// line, the final chunk's field names and order, `[DONE]` on the OpenAI
+// routes only — with the simulator's own values. It guards the simulator
+// against drift, not llama-server: LLAMA_SERVER.md and the probe are where
+// llama-server's behaviour is checked.
 func TestSSEFraming(t *testing.T) {
 	cfg := testConfig(t)
 	s := startSim(t, cfg)
