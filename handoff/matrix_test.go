@@ -503,4 +503,3 @@ func shortDir(t *testing.T) string {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
 }
-

@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-
 	"github.com/onebitd/onebitd/bus"
 	"github.com/onebitd/onebitd/dashboard"
 	"github.com/onebitd/onebitd/handlers"

@@ -43,7 +43,6 @@ func BenchmarkShareFlatInCtx(b *testing.B) {
 	}
 }
 
-
 func median(v []float64) float64 {
 	if len(v) == 0 {
 		return 0
