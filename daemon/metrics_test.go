@@ -5,9 +5,12 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/onebitd/onebitd/internal/obtest"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -89,7 +92,7 @@ func TestMetricsAfterRequests(t *testing.T) {
 		n        int
 		fallback bool
 	}{{ok, "shared", nOK, false}, {bad, "fallback", nBad, true}} {
-		waitDone(t, c.s, c.n)
+		waitDone(t, c.s)
 		mf := scrape(t, c.s.d.URL())
 		if got := counter(mf, "onebitd_requests_total", map[string]string{"route": c.route, "outcome": "done"}); got != float64(c.n) {
 			t.Errorf("%s: onebitd_requests_total{route=%q,outcome=done} = %v, want %d", c.route, c.route, got, c.n)
@@ -118,14 +121,9 @@ func TestMetricsAfterRequests(t *testing.T) {
 	}
 }
 
-// waitDone waits until n requests are out of flight.
-func waitDone(t *testing.T, s *stack, n int) {
+// waitDone waits until no request is in flight (a request's finish event
+// follows its answer).
+func waitDone(t *testing.T, s *stack) {
 	t.Helper()
-	for range 200 {
-		if s.d.HealthDetails().InFlight == 0 {
-			return
-		}
-		http.Get(s.d.URL() + "/health") // a cheap wait
-	}
-	t.Fatalf("requests still in flight: %+v", s.d.HealthDetails())
+	obtest.WaitFor(t, 10*time.Second, "every request out of flight", func() bool { return s.d.HealthDetails().InFlight == 0 })
 }
