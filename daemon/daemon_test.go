@@ -70,15 +70,7 @@ type stackOpts struct {
 
 func newStack(t *testing.T, so stackOpts) *stack {
 	t.Helper()
-	state := t.TempDir()
-	slotDir := filepath.Join(state, "slots")
-	if err := os.MkdirAll(slotDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	model := filepath.Join(state, "m.gguf")
-	if err := os.WriteFile(model, []byte("GGUF-SIM daemon\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	state, slotDir, model := testDirs(t)
 	cfg := decodersim.DefaultConfig()
 	cfg.ModelPath = model
 	cfg.NCtx = 4096
@@ -125,6 +117,21 @@ func newStack(t *testing.T, so stackOpts) *stack {
 	return s
 }
 
+// testDirs makes a state dir with its slot dir (0700) and a model file.
+func testDirs(t testing.TB) (state, slotDir, model string) {
+	t.Helper()
+	state = t.TempDir()
+	slotDir = filepath.Join(state, "slots")
+	if err := os.MkdirAll(slotDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	model = filepath.Join(state, "m.gguf")
+	if err := os.WriteFile(model, []byte("GGUF-SIM daemon\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return state, slotDir, model
+}
+
 // stop drains and closes; it is idempotent.
 func (s *stack) stop(t *testing.T) error {
 	t.Helper()
@@ -148,7 +155,13 @@ type answer struct {
 
 func complete(t *testing.T, url, prompt string) answer {
 	t.Helper()
-	body, _ := json.Marshal(map[string]any{"prompt": prompt, "n_predict": 8})
+	return completeWith(t, url, map[string]any{"prompt": prompt, "n_predict": 8})
+}
+
+// completeWith posts req to /completion and reads the answer.
+func completeWith(t *testing.T, url string, req map[string]any) answer {
+	t.Helper()
+	body, _ := json.Marshal(req)
 	resp, err := http.Post(url+"/completion", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)

@@ -95,15 +95,7 @@ type plannerOpts struct {
 // the issue-13 options.
 func newPlannerStack(t testing.TB, po plannerOpts) *stack {
 	t.Helper()
-	state := t.TempDir()
-	slotDir := filepath.Join(state, "slots")
-	if err := os.MkdirAll(slotDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	model := filepath.Join(state, "m.gguf")
-	if err := os.WriteFile(model, []byte("GGUF-SIM daemon\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	state, slotDir, model := testDirs(t)
 	nctx := 2048 * po.slots
 	if po.nctx != 0 {
 		nctx = po.nctx
@@ -338,25 +330,7 @@ func TestMultiTurnNative(t *testing.T) {
 // asks for its generated token ids, so the reply lists them).
 func completeReturnTokens(t *testing.T, url, prompt string) answer {
 	t.Helper()
-	body, _ := json.Marshal(map[string]any{"prompt": prompt, "n_predict": 8, "return_tokens": true})
-	resp, err := http.Post(url+"/completion", "application/json", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	a := answer{status: resp.StatusCode, route: resp.Header.Get("X-Onebit-Route"), id: resp.Header.Get("X-Onebit-Request-Id")}
-	var o struct {
-		Content string `json:"content"`
-		Timings struct {
-			PromptN int `json:"prompt_n"`
-		} `json:"timings"`
-	}
-	if err := json.Unmarshal(raw, &o); err != nil {
-		t.Fatalf("answer %d %q: %v", resp.StatusCode, raw, err)
-	}
-	a.content, a.promptN = o.Content, o.Timings.PromptN
-	return a
+	return completeWith(t, url, map[string]any{"prompt": prompt, "n_predict": 8, "return_tokens": true})
 }
 
 // TestForgottenPrefixNotUsed: a prefix the daemon had to forget is never
