@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/onebitd/onebitd/event"
 	"github.com/onebitd/onebitd/launcher"
 )
 
@@ -69,18 +68,6 @@ func (o *Options) prefillArgs() []string {
 	return o.DecoderArgs
 }
 
-// renameSink gives the prefill server's lifecycle events their own name
-// ("decoder.ready" → "prefill.ready", on onebit.<node>.prefill.*), apart
-// from the decoder's and from a warm provider's (provider.*).
-type renameSink struct{ next event.Sink }
-
-func (s renameSink) Emit(e *event.Event) {
-	if rest, ok := strings.CutPrefix(e.Event, "decoder."); ok {
-		e.Event = "prefill." + rest
-	}
-	s.next.Emit(e)
-}
-
 // startPrefill launches the prefill server and points the provider at it:
 // onebit-prefill --prefill-url URL --slots N, on the file route. A dead
 // prefill server is restarted by its launcher (prefill.* events); meanwhile
@@ -99,7 +86,7 @@ func (d *Daemon) startPrefill(ctx context.Context, slots int) error {
 	l, err := launcher.Start(ctx, launcher.Config{
 		Bin: o.PrefillBin, Args: args, Model: o.Model, SlotDir: o.SlotDir, Slots: slots,
 		APIKey: true, UnixSocket: true, RunDir: filepath.Join(o.StateDir, "run", "prefill"),
-		Sink: renameSink{d.events}, Logger: d.log.With("server", "prefill"),
+		Kind: "prefill", Sink: d.events, Logger: d.log.With("server", "prefill"),
 	})
 	if err != nil {
 		return fmt.Errorf("prefill server: %w", err)

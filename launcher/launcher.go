@@ -123,7 +123,11 @@ type Config struct {
 	StallTimeout time.Duration // most time from start to /health 200; default 10m (loading a model is slow)
 	StopGrace    time.Duration // time between SIGTERM and SIGKILL on Stop; default 10s
 
-	Sink   event.Sink   // lifecycle events (EventStarting, EventReady, EventExited); nil: none
+	Sink event.Sink // lifecycle events (EventStarting, EventReady, EventExited); nil: none
+	// Kind names the server in its lifecycle events: "<Kind>.starting" …
+	// (default "decoder"; a prefill server is "prefill", on
+	// onebit.<node>.prefill.*).
+	Kind   string
 	Logger *slog.Logger // nil: discard
 }
 
@@ -421,9 +425,13 @@ func (d *Decoder) setState(p *process, notReady error) {
 }
 
 func (d *Decoder) emit(name, reason string) {
-	if d.cfg.Sink != nil {
-		d.cfg.Sink.Emit(&event.Event{Event: name, Reason: reason})
+	if d.cfg.Sink == nil {
+		return
 	}
+	if d.cfg.Kind != "" && d.cfg.Kind != "decoder" {
+		name = d.cfg.Kind + strings.TrimPrefix(name, "decoder")
+	}
+	d.cfg.Sink.Emit(&event.Event{Event: name, Reason: reason})
 }
 
 // launch spawns a process and waits until it is ready. On failure the
